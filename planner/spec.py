@@ -1,0 +1,181 @@
+"""The job spec: the body of ``POST /v1/plans`` and ``POST /v1/jobs`` (see DESIGN.md).
+
+Every model forbids unknown fields and bounds every number, so a typo or an absurd value is a
+422 naming the field rather than a surprise hours into a run.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Auto = Literal["auto"]
+AUTO: Auto = "auto"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class Method(StrEnum):
+    LORA = "lora"
+    QLORA = "qlora"
+    FULL = "full"
+
+
+class Precision(StrEnum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    ADAMW_8BIT = "adamw_8bit"
+    LION = "lion"
+    SGD = "sgd"
+
+
+class OffloadDevice(StrEnum):
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+class DatasetFormat(StrEnum):
+    ALPACA = "alpaca"
+    SHAREGPT = "sharegpt"
+    TEXT = "text"
+    AUTO = "auto"
+
+
+class LrScheduler(StrEnum):
+    COSINE = "cosine"
+    LINEAR = "linear"
+    CONSTANT = "constant"
+
+
+class EvalWhen(StrEnum):
+    END = "end"
+    STEPS = "steps"
+    NONE = "none"
+
+
+class ModelRef(_Strict):
+    """Exactly one of ``path`` (a local HF folder), ``name`` (catalogue) or ``config`` (config.json)."""
+
+    path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    config: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelRef:
+        given = [k for k in ("path", "name", "config") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"model needs exactly one of path, name, config (got {given or 'none'})")
+        return self
+
+
+class DatasetRef(_Strict):
+    path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    id: Annotated[str, Field(pattern=r"^ds_[A-Za-z0-9]{1,64}$")] | None = None
+    format: DatasetFormat = DatasetFormat.AUTO
+    eval_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
+    num_rows: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DatasetRef:
+        if (self.path is None) == (self.id is None):
+            raise ValueError("dataset needs exactly one of path, id")
+        return self
+
+
+class LoraSpec(_Strict):
+    r: Annotated[int, Field(ge=1, le=4096)] = 16
+    alpha: Annotated[float, Field(gt=0, le=65536)] = 32
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
+    target_modules: Annotated[list[Annotated[str, Field(min_length=1, max_length=128)]],
+                              Field(min_length=1, max_length=64)] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class TrainingSpec(_Strict):
+    epochs: Annotated[float, Field(gt=0, le=1000)] | None = 3
+    max_steps: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    learning_rate: Annotated[float, Field(gt=0, le=1.0)] = 2.0e-4
+    lr_scheduler: LrScheduler = LrScheduler.COSINE
+    warmup_ratio: Annotated[float, Field(ge=0.0, le=0.5)] = 0.03
+    micro_batch_size: Annotated[int, Field(ge=1, le=4096)] | Auto = AUTO
+    gradient_accumulation_steps: Annotated[int, Field(ge=1, le=65536)] = 8
+    seq_len: Annotated[int, Field(ge=8, le=1_048_576)] = 1024
+    gradient_checkpointing: bool | Auto = AUTO
+    precision: Precision = Precision.BF16
+    optimizer: Optimizer = Optimizer.ADAMW
+    weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    save_steps: Annotated[int, Field(ge=1, le=10_000_000)] = 200
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 42
+
+
+ZeroStage = Literal[0, 1, 2, 3]
+
+
+class ResourcesSpec(_Strict):
+    num_gpus: Annotated[int, Field(ge=1, le=1024)] | Auto = AUTO
+    zero_stage: ZeroStage | Auto = AUTO
+    offload_optimizer: OffloadDevice | Auto = AUTO
+    offload_param: OffloadDevice | Auto = AUTO
+    deepspeed: dict[str, Any] = Field(default_factory=dict)
+
+
+class HardwareSpec(_Strict):
+    gpu_count: Annotated[int, Field(ge=1, le=1024)]
+    gpu_memory_bytes: Annotated[int, Field(ge=2**28, le=2**44)]
+    host_memory_bytes: Annotated[int, Field(ge=2**28, le=2**50)]
+    nvme_bytes: Annotated[int, Field(ge=0, le=2**56)] = 0
+    gpu_name: Annotated[str, Field(max_length=128)] | None = None
+    gpu_bf16_tflops: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    pcie_gbps: Annotated[float, Field(gt=0, le=10_000)] | None = None
+
+
+class EvalSpec(_Strict):
+    when: EvalWhen = EvalWhen.END
+    every_steps: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    max_new_tokens: Annotated[int, Field(ge=0, le=32768)] = 64
+    batch_size: Annotated[int, Field(ge=1, le=1024)] = 1
+    num_samples: Annotated[int, Field(ge=0, le=1000)] = 4
+
+    @model_validator(mode="after")
+    def _steps_need_interval(self) -> EvalSpec:
+        if self.when is EvalWhen.STEPS and self.every_steps is None:
+            raise ValueError("eval.when=steps needs eval.every_steps")
+        return self
+
+
+class JobSpec(_Strict):
+    """One fine-tuning job, as a user writes it."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200)] = "job"
+    model: ModelRef
+    dataset: DatasetRef | None = None
+    method: Method = Method.LORA
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    hardware: HardwareSpec | None = None
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    priority: Annotated[int, Field(ge=-100, le=100)] = 0
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        if not v.isprintable():
+            raise ValueError("name must be printable text")
+        return v
+
+    @model_validator(mode="after")
+    def _length_given(self) -> JobSpec:
+        if self.training.epochs is None and self.training.max_steps is None:
+            raise ValueError("training needs epochs or max_steps")
+        return self

@@ -1,0 +1,97 @@
+"""Settings from ``TUNEBOX_*`` environment variables (or a ``.env``-style settings file).
+
+Grouped by concern; every field is described, and the README's settings table is generated from
+these descriptions (``tunebox settings --markdown``). Lists are JSON arrays, as pydantic-settings
+reads them: ``TUNEBOX_MODEL_ROOTS='["/models"]'``.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_data_dir() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "tunebox"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TUNEBOX_",
+        env_file=os.environ.get("TUNEBOX_SETTINGS_FILE"),
+        extra="ignore",
+    )
+
+    # --- storage
+    data_dir: Annotated[Path, Field(description="Everything the service writes by default: the "
+                                    "SQLite file, the embedded broker's folder, datasets, job folders.")] = (
+        Field(default_factory=_default_data_dir))
+    database_url: Annotated[str | None, Field(description="SQLAlchemy URL; default: SQLite file "
+                                              "`DATA_DIR/tunebox.db`. Production: "
+                                              "`postgresql+psycopg://user@host/db`.")] = None
+    # --- broker
+    broker_url: Annotated[str | None, Field(description="Celery broker; default: kombu's server-less "
+                                            "filesystem transport under `DATA_DIR/broker`. "
+                                            "Production: `redis://host:6379/0`.")] = None
+    visibility_timeout_s: Annotated[int, Field(ge=60, description="Broker visibility timeout; longer "
+                                               "than any run so a long job is never delivered twice.")] = (
+        7 * 24 * 3600)
+    # --- paths users may name in specs
+    model_roots: Annotated[list[Path], Field(description="Folders that `model.path` must lie under "
+                                             "(JSON array).")] = Field(default_factory=list)
+    dataset_roots: Annotated[list[Path], Field(description="Folders that `dataset.path` must lie "
+                                               "under (JSON array); uploads go to `DATA_DIR/datasets`.")] = (
+        Field(default_factory=list))
+    # --- API
+    max_body_bytes: Annotated[int, Field(ge=1024, description="Largest request body accepted.")] = (
+        64 * 2**20)
+    max_dataset_rows: Annotated[int, Field(ge=1, description="Most rows in one uploaded dataset.")] = (
+        1_000_000)
+    submit_rate_per_minute: Annotated[int, Field(ge=1, description="Job submissions per token per "
+                                                 "minute.")] = 120
+    max_queued_jobs_per_user: Annotated[int, Field(ge=1, description="Queued jobs one user may "
+                                                   "hold.")] = 100
+    max_gpus_per_user: Annotated[int, Field(ge=1, description="GPUs one user's running jobs may "
+                                            "hold at once.")] = 64
+    # --- worker and box
+    gpu_count: Annotated[int | None, Field(ge=0, description="GPUs of this box where NVML sees none "
+                                           "(the CPU stands in for them).")] = None
+    gpu_memory_bytes: Annotated[int | None, Field(ge=0, description="Memory of each GPU where NVML "
+                                                  "sees none.")] = None
+    host_memory_bytes: Annotated[int | None, Field(ge=0, description="Host RAM the planner may use; "
+                                                   "default: the machine's.")] = None
+    nvme_bytes: Annotated[int, Field(ge=0, description="NVMe space for offload; 0 turns NVMe "
+                                     "offload off.")] = 0
+    nvme_path: Annotated[Path | None, Field(description="Folder for NVMe offload swap files.")] = None
+    lease_ttl_s: Annotated[int, Field(ge=5, description="A GPU lease expires this long after its "
+                                      "last heartbeat.")] = 120
+    cancel_grace_s: Annotated[float, Field(ge=0, description="Seconds between SIGTERM and SIGKILL "
+                                           "when a job is cancelled.")] = 20.0
+    max_attempts: Annotated[int, Field(ge=1, description="Runs of one job before a lost worker ends "
+                                       "it `failed`.")] = 3
+    progress_interval_s: Annotated[float, Field(ge=0, description="Least time between two progress "
+                                                "writes to the database.")] = 2.0
+    embedded_worker: Annotated[bool | None, Field(description="Start a worker inside `tunebox serve`; "
+                                                  "default: only on the embedded broker.")] = None
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'tunebox.db'}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def embedded(self) -> bool:
+        return self.broker_url is None
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()
