@@ -1,0 +1,65 @@
+"""Shared fixtures: a real Postgres database and a real Redis for each test session.
+
+Each session gets its own database (other test runs may share the server), dropped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("TUNEBOX_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_BASE_URL = os.environ.get("TUNEBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+
+
+def _admin_engine():  # noqa: ANN202 - sqlalchemy Engine
+    from sqlalchemy import create_engine
+
+    return create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+
+
+def create_pg_database(prefix: str = "tunebox_test") -> str:
+    """Create an empty, uniquely named database and return its URL."""
+    from sqlalchemy import text
+
+    name = f"{prefix}_{secrets.token_hex(6)}"
+    engine = _admin_engine()
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+
+
+def drop_pg_database(url: str) -> None:
+    from sqlalchemy import text
+
+    from store.db import engine_for
+
+    name = url.rsplit("/", 1)[1]
+    engine_for(url).dispose()
+    engine = _admin_engine()
+    with engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_empty_url() -> Iterator[str]:
+    """URL of a fresh, empty Postgres database for this test session."""
+    url = create_pg_database()
+    yield url
+    drop_pg_database(url)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """A Redis database number of its own, picked at random and flushed first."""
+    import redis
+
+    db = secrets.randbelow(14) + 1
+    url = f"{REDIS_BASE_URL}/{db}"
+    redis.Redis.from_url(url).flushdb()
+    return url
