@@ -78,6 +78,27 @@ class Settings(BaseSettings):
                                                 "writes to the database.")] = 2.0
     embedded_worker: Annotated[bool | None, Field(description="Start a worker inside `tunebox serve`; "
                                                   "default: only on the embedded broker.")] = None
+    worker_host: Annotated[str | None, Field(description="Name of this box in the GPU inventory; "
+                                             "default: the host name.")] = None
+    gpu_share_margin: Annotated[float, Field(ge=0, le=0.9, description="Share of a card kept free "
+                                             "when two jobs' planned peaks share it.")] = 0.10
+    inventory_interval_s: Annotated[float, Field(gt=0, description="Seconds between two GPU "
+                                                 "inventory refreshes by a worker.")] = 30.0
+    reconcile_interval_s: Annotated[float, Field(gt=0, description="Seconds between two runs of "
+                                                 "the reconciler in a worker.")] = 30.0
+    lease_wait_s: Annotated[float, Field(gt=0, description="Seconds a job whose GPUs are busy waits "
+                                         "before it tries again.")] = 5.0
+    requeue_after_s: Annotated[float, Field(gt=0, description="A job queued this long with no "
+                                            "message on the broker is sent again.")] = 300.0
+    train_module: Annotated[str, Field(description="Python module run as the training process "
+                                       "(`python -m MODULE --job-dir DIR`).")] = "worker.train"
+    eval_module: Annotated[str, Field(description="Python module run as the evaluation process.")] = (
+        "worker.evaluate")
+    use_deepspeed_launcher: Annotated[bool, Field(description="Start multi-GPU training with the "
+                                                  "`deepspeed` launcher instead of one process "
+                                                  "per GPU.")] = False
+    torch_extensions_dir: Annotated[Path | None, Field(description="Cache of compiled DeepSpeed ops; "
+                                                       "default: `DATA_DIR/torch_extensions`.")] = None
 
     @property
     def resolved_database_url(self) -> str:

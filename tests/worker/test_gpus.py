@@ -1,0 +1,94 @@
+"""GPU inventory: the CPU stand-ins from settings, the gpus table, the box the planner sees."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import delete, select
+
+from store.base import utcnow
+from store.db import session_scope
+from store.models import Gpu, GpuLease
+from tests.worker.factories import GIB, make_job, make_user
+from tunebox.settings import Settings
+from worker import gpus
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch) -> Settings:
+    monkeypatch.setattr(gpus, "_nvml_inventory", lambda: [])  # behave as the CPU box even on a GPU host
+    return Settings(data_dir=tmp_path, gpu_count=2, gpu_memory_bytes=24 * GIB,
+                    host_memory_bytes=64 * GIB, nvme_bytes=GIB, worker_host=f"host-{tmp_path.name}")
+
+
+@pytest.fixture(autouse=True)
+def _empty_inventory(db_url):
+    with session_scope(db_url) as s:
+        s.execute(delete(GpuLease))
+        s.execute(delete(Gpu))
+
+
+def test_inventory_from_settings(settings):
+    inv = gpus.local_inventory(settings)
+    assert [(g.index, g.uuid, g.memory_total_bytes, g.healthy) for g in inv] == [
+        (0, "cpu-0", 24 * GIB, True), (1, "cpu-1", 24 * GIB, True)]
+
+
+def test_no_gpu_and_no_settings_is_an_error(db_url, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpus, "_nvml_inventory", lambda: [])
+    with session_scope(db_url) as s, pytest.raises(gpus.NoGpuError):
+        gpus.box_hardware(s, Settings(data_dir=tmp_path))
+
+
+def test_sync_upserts_and_marks_vanished_gpus(db_url, settings):
+    with session_scope(db_url) as s:
+        rows = gpus.sync_inventory(s, settings)
+        assert [r.uuid for r in rows] == ["cpu-0", "cpu-1"]
+    with session_scope(db_url) as s:  # a second sync updates in place
+        gpus.sync_inventory(s, settings.model_copy(update={"gpu_count": 1}))
+    with session_scope(db_url) as s:
+        rows = s.scalars(select(Gpu).order_by(Gpu.index)).all()
+        assert [(r.index, r.healthy, r.health_reason) for r in rows] == [
+            (0, True, None), (1, False, "no longer present")]
+
+
+def test_box_hardware_counts_only_healthy_gpus(db_url, settings):
+    with session_scope(db_url) as s:
+        gpus.sync_inventory(s, settings)
+        s.execute(select(Gpu))
+        s.scalars(select(Gpu).where(Gpu.index == 1)).one().healthy = False
+    with session_scope(db_url) as s:
+        hw = gpus.box_hardware(s, settings)
+    assert (hw.gpu_count, hw.gpu_memory_bytes, hw.host_memory_bytes, hw.nvme_bytes) == (
+        1, 24 * GIB, 64 * GIB, GIB)
+
+
+def test_box_hardware_falls_back_to_local_inventory(db_url, settings):
+    with session_scope(db_url) as s:
+        hw = gpus.box_hardware(s, settings)
+    assert (hw.gpu_count, hw.gpu_memory_bytes) == (2, 24 * GIB)
+
+
+def test_list_gpus_shows_live_leases_and_unleased_memory(db_url, settings):
+    with session_scope(db_url) as s:
+        rows = gpus.sync_inventory(s, settings)
+        job = make_job(s, make_user(s), peak=10 * GIB)
+        stale = make_job(s, make_user(s), peak=5 * GIB)
+        now = utcnow()
+        s.add(GpuLease(gpu_id=rows[0].id, job_id=job.id, exclusive=False, memory_bytes=10 * GIB,
+                       expires_at=now + timedelta(minutes=1)))
+        s.add(GpuLease(gpu_id=rows[0].id, job_id=stale.id, exclusive=False, memory_bytes=5 * GIB,
+                       expires_at=now - timedelta(minutes=1)))
+    with session_scope(db_url) as s:
+        listed = gpus.list_gpus(s, settings)
+    assert [g.index for g in listed] == [0, 1]
+    assert [lease.job_id for lease in listed[0].leases] == [job.id]
+    assert listed[0].memory_unleased_bytes == 14 * GIB
+    assert listed[1].leases == [] and listed[1].memory_unleased_bytes == 24 * GIB
+
+
+def test_list_gpus_before_any_worker_reported(db_url, settings):
+    with session_scope(db_url) as s:
+        listed = gpus.list_gpus(s, settings)
+    assert [(g.uuid, g.updated_at) for g in listed] == [("cpu-0", None), ("cpu-1", None)]

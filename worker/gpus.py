@@ -1,0 +1,265 @@
+"""The box's GPU inventory: NVML where there are GPUs, the settings where there are none.
+
+A worker upserts its host's GPUs into the ``gpus`` table at start and periodically; the API reads
+that table (``list_gpus``, ``box_hardware``). A card NVML reports as damaged (uncorrectable ECC
+errors, pages or rows waiting for retirement, lost from the bus) is kept with ``healthy=False`` and a
+reason, and leasing never hands it out.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from planner.spec import HardwareSpec
+from store.base import utcnow
+from store.models import Gpu, GpuLease
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from tunebox.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as seen on this host right now."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_free_bytes: int | None
+    healthy: bool = True
+    health_reason: str | None = None
+
+
+class GpuLeaseStatus(BaseModel):
+    job_id: str
+    exclusive: bool
+    memory_bytes: int
+    heartbeat_at: datetime
+    expires_at: datetime
+
+
+class GpuStatus(BaseModel):
+    """One GPU for ``GET /v1/gpus``: inventory, health, live leases and what is left."""
+
+    host: str
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_free_bytes: int | None  # as the driver reported it at the last refresh
+    memory_unleased_bytes: int  # total minus the live leases' planned bytes
+    healthy: bool
+    health_reason: str | None
+    updated_at: datetime | None
+    leases: list[GpuLeaseStatus]
+
+
+def host_name(settings: Settings) -> str:
+    return settings.worker_host or socket.gethostname()
+
+
+# --------------------------------------------------------------------------- local inventory
+
+
+def local_inventory(settings: Settings) -> list[GpuInfo]:
+    """This host's GPUs from NVML; where NVML sees none, the CPU stand-ins the settings describe."""
+    gpus = _nvml_inventory()
+    if gpus:
+        return gpus
+    return _settings_inventory(settings)
+
+
+def _settings_inventory(settings: Settings) -> list[GpuInfo]:
+    count = settings.gpu_count or 0
+    memory = settings.gpu_memory_bytes or _host_memory_bytes(settings)
+    return [GpuInfo(index=i, uuid=f"cpu-{i}", name="cpu", memory_total_bytes=memory,
+                    memory_free_bytes=memory) for i in range(count)]
+
+
+def _nvml_inventory() -> list[GpuInfo]:
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return []  # no driver: a CPU box
+    try:
+        return [_nvml_device(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount())]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _nvml_device(pynvml: Any, index: int) -> GpuInfo:
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        name = _text(pynvml.nvmlDeviceGetName(handle))
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    except pynvml.NVMLError as exc:
+        # a card lost from the bus still occupies its index; keep it visible, out of leasing
+        return GpuInfo(index=index, uuid=f"unknown-{index}", name="unknown", memory_total_bytes=0,
+                       memory_free_bytes=None, healthy=False, health_reason=_nvml_error_reason(exc))
+    reason = _nvml_health_problem(pynvml, handle)
+    return GpuInfo(index=index, uuid=uuid, name=name, memory_total_bytes=int(mem.total),
+                   memory_free_bytes=int(mem.free), healthy=reason is None, health_reason=reason)
+
+
+def _nvml_health_problem(pynvml: Any, handle: Any) -> str | None:
+    """The first reason this card should not take work, or None. Unsupported queries are skipped."""
+    checks = (
+        (lambda: pynvml.nvmlDeviceGetTotalEccErrors(handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                    pynvml.NVML_VOLATILE_ECC),
+         lambda n: f"{n} uncorrectable ECC errors since the driver loaded" if n else None),
+        (lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle),
+         lambda pending: "retired memory pages pending (reset the GPU)" if pending else None),
+        (lambda: pynvml.nvmlDeviceGetRemappedRows(handle),
+         _remapped_rows_problem),
+    )
+    for query, judge in checks:
+        try:
+            value = query()
+        except pynvml.NVMLError as exc:
+            if isinstance(exc, pynvml.NVMLError_GpuIsLost):
+                return "lost from the bus"
+            continue  # not supported on this card / driver
+        problem = judge(value)
+        if problem:
+            return problem
+    return None
+
+
+def _remapped_rows_problem(value: Any) -> str | None:
+    _corrected, _uncorrected, pending, failure = value
+    if failure:
+        return "row remapping failed"
+    return "remapped memory rows pending (reset the GPU)" if pending else None
+
+
+def _nvml_error_reason(exc: Exception) -> str:
+    import pynvml
+
+    if isinstance(exc, pynvml.NVMLError_GpuIsLost):
+        return "lost from the bus"
+    return f"NVML error: {exc}"
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _host_memory_bytes(settings: Settings) -> int:
+    if settings.host_memory_bytes:
+        return settings.host_memory_bytes
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+# --------------------------------------------------------------------------- the gpus table
+
+
+def sync_inventory(session: Session, settings: Settings) -> list[Gpu]:
+    """Upsert this host's GPUs; a GPU that vanished from the host is kept but marked unhealthy."""
+    host = host_name(settings)
+    seen = {g.index: g for g in local_inventory(settings)}
+    rows = {r.index: r for r in session.scalars(select(Gpu).where(Gpu.host == host))}
+    now = utcnow()
+    for index, info in seen.items():
+        row = rows.get(index)
+        if row is None:
+            row = Gpu(host=host, index=index)
+            session.add(row)
+            rows[index] = row
+        _copy_info(row, info, now)
+    for index, row in rows.items():
+        if index not in seen:
+            row.healthy, row.health_reason, row.memory_free_bytes = False, "no longer present", None
+            row.updated_at = now
+    session.flush()
+    return sorted(rows.values(), key=lambda r: r.index)
+
+
+def _copy_info(row: Gpu, info: GpuInfo, now: datetime) -> None:
+    row.uuid, row.name = info.uuid, info.name
+    if info.memory_total_bytes or row.memory_total_bytes is None:
+        row.memory_total_bytes = info.memory_total_bytes
+    row.memory_free_bytes = info.memory_free_bytes
+    row.healthy, row.health_reason = info.healthy, info.health_reason
+    row.updated_at = now
+
+
+def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
+    """The box jobs are planned against: healthy GPUs from the table, else this host's inventory.
+
+    Raises :class:`NoGpuError` where there is no GPU and the settings describe none.
+    """
+    count, memory = _table_box(session)
+    if count == 0:
+        local = [g for g in local_inventory(settings) if g.healthy]
+        count, memory = len(local), min((g.memory_total_bytes for g in local), default=0)
+    if count == 0 or memory <= 0:
+        raise NoGpuError("no healthy GPU on this box; on a machine without GPUs set TUNEBOX_GPU_COUNT "
+                         "and TUNEBOX_GPU_MEMORY_BYTES to let the CPU stand in")
+    return HardwareSpec(gpu_count=count, gpu_memory_bytes=memory,
+                        host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes)
+
+
+def _table_box(session: Session) -> tuple[int, int]:
+    """(count, smallest memory) of the healthy GPUs of the host with the most; a job runs on one host."""
+    by_host: dict[str, list[int]] = {}
+    for host, total in session.execute(select(Gpu.host, Gpu.memory_total_bytes).where(Gpu.healthy)):
+        by_host.setdefault(host, []).append(int(total))
+    if not by_host:
+        return 0, 0
+    best = max(by_host.values(), key=len)
+    return len(best), min(best)
+
+
+class NoGpuError(RuntimeError):
+    """Neither NVML nor the settings describe a GPU to plan or run on."""
+
+
+def list_gpus(session: Session, settings: Settings) -> list[GpuStatus]:
+    """Every known GPU with its live leases; this host's inventory if no worker has reported yet."""
+    rows = list(session.scalars(select(Gpu).order_by(Gpu.host, Gpu.index)))
+    if not rows:
+        return [_unreported_status(host_name(settings), g) for g in local_inventory(settings)]
+    now = utcnow()
+    leases: dict[int, list[GpuLease]] = {}
+    live = select(GpuLease).where(GpuLease.expires_at > now).order_by(GpuLease.id)
+    for lease in session.scalars(live):
+        leases.setdefault(lease.gpu_id, []).append(lease)
+    return [_status(row, leases.get(row.id, [])) for row in rows]
+
+
+def _status(row: Gpu, leases: list[GpuLease]) -> GpuStatus:
+    held = sum(lease.memory_bytes for lease in leases)
+    return GpuStatus(
+        host=row.host, index=row.index, uuid=row.uuid, name=row.name,
+        memory_total_bytes=row.memory_total_bytes, memory_free_bytes=row.memory_free_bytes,
+        memory_unleased_bytes=max(0, row.memory_total_bytes - held),
+        healthy=row.healthy, health_reason=row.health_reason, updated_at=row.updated_at,
+        leases=[GpuLeaseStatus(job_id=x.job_id, exclusive=x.exclusive, memory_bytes=x.memory_bytes,
+                               heartbeat_at=x.heartbeat_at, expires_at=x.expires_at) for x in leases],
+    )
+
+
+def _unreported_status(host: str, info: GpuInfo) -> GpuStatus:
+    return GpuStatus(host=host, index=info.index, uuid=info.uuid, name=info.name,
+                     memory_total_bytes=info.memory_total_bytes, memory_free_bytes=info.memory_free_bytes,
+                     memory_unleased_bytes=info.memory_total_bytes, healthy=info.healthy,
+                     health_reason=info.health_reason, updated_at=None, leases=[])
