@@ -34,7 +34,7 @@ def job_spec(**overrides: Any) -> dict[str, Any]:
     return spec
 
 
-def job_plan(num_gpus: int = 1, peak: int = 10 * GIB, eval_fits: bool = True) -> dict[str, Any]:
+def job_plan(num_gpus: int = 1, peak: int | None = 10 * GIB, eval_fits: bool = True) -> dict[str, Any]:
     return {
         "fits": True,
         "num_gpus": num_gpus,
@@ -44,12 +44,12 @@ def job_plan(num_gpus: int = 1, peak: int = 10 * GIB, eval_fits: bool = True) ->
         "deepspeed_config": {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                              "zero_optimization": {"stage": 3}},
         "per_gpu": {"total_bytes": peak},
-        "eval": {"total_bytes": peak // 4, "fits": eval_fits},
+        "eval": {"total_bytes": (peak or GIB) // 4, "fits": eval_fits},
     }
 
 
 def make_job(session: Session, owner: User, *, priority: int = 0, num_gpus: int = 1,
-             peak: int = 10 * GIB, age_s: float = 0.0, spec: dict[str, Any] | None = None,
+             peak: int | None = 10 * GIB, age_s: float = 0.0, spec: dict[str, Any] | None = None,
              plan: dict[str, Any] | None = None, **fields: Any) -> Job:
     job = Job(id=new_id("job"), owner_id=owner.id, name="test-job", priority=priority,
               spec=spec or job_spec(priority=priority), plan=plan or job_plan(num_gpus, peak),

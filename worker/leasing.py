@@ -1,0 +1,194 @@
+"""GPU leases in the database: which job holds which card, until when.
+
+A job takes the number of GPUs its plan needs. A card is exclusive by default; two jobs share one
+only when both plans state their peak and the peaks fit together in the card's memory less a margin.
+Acquisition happens in one transaction with this host's ``gpus`` rows locked (``SELECT ... FOR
+UPDATE`` on Postgres; on SQLite a first write takes the database's single writer lock), and honours
+the queue: jobs go by priority, then age, and a job may not take GPUs while a job ahead of it that
+could run on this host is still waiting (no backfilling past it).
+
+Leases carry a heartbeat; one whose holder goes silent for ``lease_ttl_s`` no longer counts and is
+removed by the next acquisition or the reconciler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy import delete, select, update
+
+from store.base import utcnow
+from store.models import Gpu, GpuLease, Job
+from store.states import JobStatus
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from tunebox.settings import Settings
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The GPUs a job was given."""
+
+    gpu_ids: tuple[int, ...]
+    indices: tuple[int, ...]
+    uuids: tuple[str, ...]
+    exclusive: bool
+
+
+@dataclass
+class _Card:
+    """One healthy GPU during the allocation: what is held on it so far."""
+
+    gpu: Gpu
+    exclusive_held: bool = False
+    shared_bytes: list[int] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.exclusive_held and not self.shared_bytes
+
+    def room(self, margin: float) -> int:
+        return int(self.gpu.memory_total_bytes * (1 - margin)) - sum(self.shared_bytes)
+
+
+def planned_gpus(job: Job) -> int:
+    """How many GPUs the job's plan asks for."""
+    plan = job.plan or {}
+    n = plan.get("num_gpus") or (plan.get("resolved") or {}).get("num_gpus") or job.num_gpus or 1
+    return max(1, int(n))
+
+
+def lock_host_gpus(session: Session, host: str) -> list[Gpu]:
+    """This host's GPU rows, locked against other acquisitions until the transaction ends."""
+    if session.get_bind().dialect.name == "sqlite":
+        # a write as the transaction's first statement takes SQLite's writer lock at once, so a
+        # second acquirer waits here instead of failing later on a stale read
+        session.execute(update(Gpu).where(Gpu.host == host).values(index=Gpu.index))
+        return list(session.scalars(select(Gpu).where(Gpu.host == host).order_by(Gpu.index)))
+    stmt = select(Gpu).where(Gpu.host == host).order_by(Gpu.index).with_for_update()
+    return list(session.scalars(stmt))
+
+
+def try_acquire(session: Session, job: Job, host: str, settings: Settings) -> Grant | None:
+    """Lease GPUs of ``host`` to ``job`` if it is its turn and they are free; the caller commits."""
+    gpus = lock_host_gpus(session, host)
+    now = utcnow()
+    _drop_expired(session, [g.id for g in gpus], now)
+    cards = _cards(session, [g for g in gpus if g.healthy])
+    for waiting in _queue_ahead_of(session, job):
+        picked = _pick(cards, waiting, settings.gpu_share_margin)
+        if waiting.id == job.id:
+            if picked is None:
+                return None
+            return _grant(session, job, picked, now, settings)
+        if picked is not None:
+            _hold(picked, waiting)  # it will take these when its own task runs
+        elif _could_ever_run(cards, waiting, settings.gpu_share_margin):
+            return None  # it is ahead and waiting for GPUs: do not jump it
+    return None  # the job is no longer queued
+
+
+def _drop_expired(session: Session, gpu_ids: list[int], now: datetime) -> None:
+    if gpu_ids:
+        session.execute(delete(GpuLease).where(GpuLease.gpu_id.in_(gpu_ids), GpuLease.expires_at <= now))
+
+
+def _cards(session: Session, gpus: list[Gpu]) -> list[_Card]:
+    cards = {g.id: _Card(g) for g in gpus}
+    for lease in session.scalars(select(GpuLease).where(GpuLease.gpu_id.in_(list(cards)))):
+        card = cards[lease.gpu_id]
+        if lease.exclusive:
+            card.exclusive_held = True
+        else:
+            card.shared_bytes.append(lease.memory_bytes)
+    return list(cards.values())
+
+
+def _queue_ahead_of(session: Session, job: Job) -> list[Job]:
+    """Queued jobs in start order up to and including ``job``."""
+    stmt = (select(Job).where(Job.status == JobStatus.QUEUED)
+            .order_by(Job.priority.desc(), Job.created_at, Job.id))
+    out: list[Job] = []
+    for queued in session.scalars(stmt):
+        out.append(queued)
+        if queued.id == job.id:
+            return out
+    return []
+
+
+def _shareable(job: Job) -> bool:
+    return job.planned_peak_gpu_bytes is not None and job.planned_peak_gpu_bytes > 0
+
+
+def _fits_on(card: _Card, job: Job, margin: float) -> bool:
+    if card.empty:
+        return True
+    if card.exclusive_held or not _shareable(job):
+        return False
+    return int(job.planned_peak_gpu_bytes or 0) <= card.room(margin)
+
+
+def _pick(cards: list[_Card], job: Job, margin: float) -> list[_Card] | None:
+    """The cards ``job`` would get now: empty ones first (no contention), then shared ones."""
+    need = planned_gpus(job)
+    empty = [c for c in cards if c.empty]
+    shared = sorted((c for c in cards if not c.empty and _fits_on(c, job, margin)),
+                    key=lambda c: -c.room(margin))
+    chosen = (empty + shared)[:need]
+    return chosen if len(chosen) == need else None
+
+
+def _could_ever_run(cards: list[_Card], job: Job, margin: float) -> bool:
+    """Whether ``job`` fits this host once it is idle; one that never can must not block the queue."""
+    return _pick([_Card(c.gpu) for c in cards], job, margin) is not None
+
+
+def _hold(cards: list[_Card], job: Job) -> None:
+    for card in cards:
+        if _shareable(job):
+            card.shared_bytes.append(int(job.planned_peak_gpu_bytes or 0))
+        else:
+            card.exclusive_held = True
+
+
+def _grant(session: Session, job: Job, cards: list[_Card], now: datetime, settings: Settings) -> Grant:
+    session.execute(delete(GpuLease).where(GpuLease.job_id == job.id))  # a previous attempt's
+    exclusive = not _shareable(job)
+    expires = now + timedelta(seconds=settings.lease_ttl_s)
+    for card in cards:
+        memory = card.gpu.memory_total_bytes if exclusive else int(job.planned_peak_gpu_bytes or 0)
+        session.add(GpuLease(gpu_id=card.gpu.id, job_id=job.id, exclusive=exclusive, memory_bytes=memory,
+                             created_at=now, heartbeat_at=now, expires_at=expires))
+    session.flush()
+    gpus = sorted((c.gpu for c in cards), key=lambda g: g.index)
+    return Grant(gpu_ids=tuple(g.id for g in gpus), indices=tuple(g.index for g in gpus),
+                 uuids=tuple(g.uuid for g in gpus), exclusive=exclusive)
+
+
+def renew(session: Session, job_id: str, settings: Settings) -> int:
+    """Push the job's leases' expiry forward; returns how many it still holds (0: they were lost)."""
+    now = utcnow()
+    result = session.execute(
+        update(GpuLease).where(GpuLease.job_id == job_id, GpuLease.expires_at > now)
+        .values(heartbeat_at=now, expires_at=now + timedelta(seconds=settings.lease_ttl_s))
+        .execution_options(synchronize_session=False))
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def release(session: Session, job_id: str) -> int:
+    """Drop every lease of the job; returns how many there were."""
+    result = session.execute(delete(GpuLease).where(GpuLease.job_id == job_id)
+                             .execution_options(synchronize_session=False))
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def expired_jobs(session: Session, now: datetime | None = None) -> list[str]:
+    """Jobs holding only expired leases (their worker went silent)."""
+    now = now or utcnow()
+    expired = set(session.scalars(select(GpuLease.job_id).where(GpuLease.expires_at <= now)))
+    live = set(session.scalars(select(GpuLease.job_id).where(GpuLease.expires_at > now)))
+    return sorted(expired - live)
