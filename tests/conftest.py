@@ -63,3 +63,39 @@ def redis_url() -> str:
     url = f"{REDIS_BASE_URL}/{db}"
     redis.Redis.from_url(url).flushdb()
     return url
+
+
+def truncate_all(url: str) -> None:
+    """Empty every table of ``store`` (tests isolate themselves with this between cases)."""
+    from sqlalchemy import text
+
+    import store.models  # noqa: F401
+    from store.base import Base
+    from store.db import engine_for
+
+    tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
+    with engine_for(url).begin() as conn:
+        if url.startswith("postgresql"):
+            conn.execute(text("TRUNCATE " + ", ".join(tables) + " RESTART IDENTITY CASCADE"))
+        else:
+            for name in tables:
+                conn.execute(text(f"DELETE FROM {name}"))
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_empty_url: str) -> str:
+    """The session's Postgres database, migrated to head with Alembic (never ``create_all``)."""
+    from migrations import upgrade
+
+    upgrade(pg_empty_url)
+    return pg_empty_url
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An embedded-default SQLite file, migrated to head."""
+    from migrations import upgrade
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'tunebox.db'}"
+    upgrade(url)
+    return url
