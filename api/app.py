@@ -1,0 +1,75 @@
+"""The FastAPI application factory; ``app`` (built on first access) is what uvicorn serves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.auth.service import TokenCache
+from api.datasets.router import router as datasets_router
+from api.errors import install_handlers
+from api.gpus.router import router as gpus_router
+from api.jobs.router import router as jobs_router
+from api.jobs.service import Enqueue
+from api.jobs.stream import StreamTiming
+from api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from api.ops.metrics import ApiMetrics
+from api.ops.router import router as ops_router
+from api.plans.router import router as plans_router
+from api.ratelimit import TokenBuckets
+from store.db import session_factory
+from store.models import Job
+from tunebox.settings import Settings, get_settings
+
+TOKEN_CACHE_TTL_S = 5.0
+
+
+def _job_counts(sessions: sessionmaker[Session]) -> dict[str, int]:
+    with sessions() as session:
+        rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
+        return {str(status): int(n) for status, n in rows}
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    enqueue: Enqueue | None = None,
+    token_cache_ttl_s: float = TOKEN_CACHE_TTL_S,
+    stream_timing: StreamTiming | None = None,
+) -> FastAPI:
+    """Build the API. ``enqueue`` replaces :func:`worker.dispatch.enqueue_job` (tests)."""
+    settings = settings or get_settings()
+    if enqueue is None:
+        from worker.dispatch import enqueue_job
+
+        enqueue = enqueue_job
+    app = FastAPI(title="tunebox", version="0.1.0", openapi_url="/openapi.json",
+                  description="Plan and run fine-tuning jobs on a shared GPU box.")
+    sessions = session_factory(settings.resolved_database_url)
+    state: Any = app.state
+    state.settings = settings
+    state.sessions = sessions
+    state.enqueue = enqueue
+    state.token_cache = TokenCache(token_cache_ttl_s)
+    state.submit_buckets = TokenBuckets(settings.submit_rate_per_minute)
+    state.stream_timing = stream_timing or StreamTiming()
+    state.metrics = ApiMetrics(lambda: _job_counts(sessions))
+    install_handlers(app)
+    for router in (ops_router, plans_router, jobs_router, datasets_router, gpus_router):
+        app.include_router(router)
+    # added last = outermost: the limit applies before anything reads the body
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    # `uvicorn api.app:app`: built on first access, so importing create_app reads no settings
+    if name == "app":
+        global app
+        app = create_app()
+        return app
+    raise AttributeError(name)

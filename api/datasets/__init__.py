@@ -1,0 +1,1 @@
+"""Datasets: uploads validated and stored under ``DATA_DIR/datasets/<id>.jsonl``."""

@@ -1,0 +1,95 @@
+"""Dependencies shared by the routers, as ``Annotated`` aliases that raise typed errors.
+
+``SessionDep`` is the request's unit of work: the session commits when the endpoint returns (before
+the response is sent) and rolls back on an error; callbacks registered with :func:`after_commit`
+(sending a Celery task) run only once the commit succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from api.auth.service import Principal, TokenCache, lookup
+from api.errors import Forbidden, Unauthorized
+from tunebox.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_AFTER_COMMIT = "after_commit"
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_sessions(request: Request) -> sessionmaker[Session]:
+    sessions: sessionmaker[Session] = request.app.state.sessions
+    return sessions
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    session = get_sessions(request)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+    for callback in session.info.pop(_AFTER_COMMIT, []):
+        callback()
+
+
+# scope="function": commit when the endpoint returns, so the client never sees a 201 for a row
+# that is not committed yet
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+def after_commit(session: Session, callback: Callable[[], None]) -> None:
+    session.info.setdefault(_AFTER_COMMIT, []).append(callback)
+
+
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <token>`")
+_CHALLENGE = 'Bearer realm="tunebox"'
+
+
+async def get_principal(
+    request: Request, session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized("send `Authorization: Bearer <token>`", headers={"WWW-Authenticate": _CHALLENGE})
+    token = credentials.credentials
+    cache: TokenCache = request.app.state.token_cache
+    principal = cache.get(token)
+    if principal is None:
+        principal = await run_in_threadpool(lookup, session, token)
+        if principal is None:
+            raise Unauthorized("the token is unknown or revoked",
+                               headers={"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'})
+        cache.put(token, principal)
+    return principal
+
+
+CurrentUser = Annotated[Principal, Depends(get_principal)]
+
+
+async def require_admin(user: CurrentUser) -> Principal:
+    if not user.is_admin:
+        raise Forbidden("only an admin may do this")
+    return user
+
+
+AdminUser = Annotated[Principal, Depends(require_admin)]

@@ -1,0 +1,1 @@
+"""GPUs: the box's inventory with leases, free memory and health."""

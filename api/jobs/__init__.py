@@ -1,0 +1,1 @@
+"""Jobs: submit, list, show, cancel, reprioritise; their events (JSON and SSE), metrics, checkpoints."""

@@ -1,0 +1,146 @@
+"""``/v1/jobs``: thin handlers over :mod:`api.jobs.service`."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.auth.service import Principal
+from api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep, after_commit
+from api.errors import ApiError, FieldError, InvalidInput, TooManyRequests, retry_after_header
+from api.jobs import idempotency, service
+from api.jobs.deps import JobId, ValidJob
+from api.jobs.schemas import (
+    CheckpointList,
+    EventList,
+    JobCreate,
+    JobList,
+    JobRead,
+    JobUpdate,
+    MetricKind,
+    MetricSeries,
+)
+from api.jobs.stream import event_stream
+from store.states import JobStatus
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+_PROBLEMS = {code: {"description": text, "content": {"application/problem+json": {}}}
+             for code, text in [(401, "No or bad token"), (404, "Unknown job"),
+                                (422, "Invalid spec, or the job does not fit (body carries plan and "
+                                      "alternatives)")]}
+
+
+def submit_allowance(request: Request, user: CurrentUser) -> Principal:
+    """The per-token submission rate (token bucket): 429 with Retry-After when spent."""
+    wait = request.app.state.submit_buckets.take(user.token_id)
+    if wait > 0:
+        raise TooManyRequests(f"more than {request.app.state.settings.submit_rate_per_minute} submissions "
+                              "a minute with this token", headers=retry_after_header(wait))
+    return user
+
+
+Submitter = Annotated[Principal, Depends(submit_allowance)]
+
+
+@router.post("", status_code=201, response_model=JobRead, summary="Submit a job",
+             responses={**_PROBLEMS, 409: {"description": "Same Idempotency-Key still in flight"},
+                        429: {"description": "Too many queued jobs or submissions"}})
+def create_job(
+    spec: JobCreate, request: Request, response: Response, session: SessionDep, settings: SettingsDep,
+    user: Submitter,
+    idempotency_key: Annotated[str | None, Header(alias=idempotency.HEADER)] = None,
+) -> JobRead | Response:
+    key = idempotency_key
+    if key is not None:
+        replay = idempotency.claim(session, user.user_id, key,
+                                   idempotency.fingerprint(spec.model_dump(mode="json", exclude_unset=True)))
+        if replay is not None:
+            return JSONResponse(replay.body, status_code=replay.status,
+                                headers={"Idempotent-Replayed": "true"})
+    try:
+        job = service.create_job(session, settings, user, spec)
+    except ApiError:
+        if key is not None:
+            idempotency.release(session, user.user_id, key)
+        raise
+    if key is not None:
+        idempotency.complete(session, user.user_id, key, 201, job.model_dump(mode="json"), job.id)
+    state = request.app.state
+    after_commit(session, partial(service.dispatch, state.sessions, state.enqueue, job.id, job.priority))
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job
+
+
+@router.get("", summary="List jobs, newest first")
+def list_jobs(
+    session: SessionDep, user: CurrentUser,
+    status: Annotated[list[JobStatus], Query(description="Repeat to match several.")] = [],  # noqa: B006
+    owner: Annotated[str | None, Query(max_length=100, description="A user name, or `me`.")] = None,
+    after: Annotated[str | None, Query(pattern=r"^job_[0-9a-z]{1,40}$",
+                                       description="`next_after` of the previous page.")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> JobList:
+    return service.list_jobs(session, user, statuses=status, owner=owner, after=after, limit=limit)
+
+
+@router.get("/{job_id}", summary="One job", responses=_PROBLEMS)
+def get_job(ref: ValidJob) -> JobRead:
+    return service.job_read(ref.job, ref.owner)
+
+
+@router.post("/{job_id}/cancel", summary="Cancel a job", responses={
+    **_PROBLEMS, 202: {"description": "Cancelling: the worker stops the run"},
+    403: {"description": "Not the owner nor an admin"}, 409: {"description": "Already finished"}})
+def cancel_job(job_id: JobId, session: SessionDep, user: CurrentUser, response: Response) -> JobRead:
+    job, done = service.cancel_job(session, user, job_id)
+    response.status_code = 200 if done else 202
+    return job
+
+
+@router.patch("/{job_id}", summary="Change a job's priority (admin)", responses=_PROBLEMS)
+def update_job(job_id: JobId, body: JobUpdate, session: SessionDep, admin: AdminUser) -> JobRead:
+    return service.set_priority(session, admin, job_id, body.priority)
+
+
+@router.get("/{job_id}/events", summary="A job's events (JSON, or SSE with Accept: text/event-stream)",
+            response_model=EventList, responses={**_PROBLEMS, 200: {
+                "content": {"application/json": {}, "text/event-stream": {}}}})
+async def job_events(
+    request: Request, session: SessionDep, ref: ValidJob,
+    after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+) -> EventList | Response:
+    job_id = ref.job.id
+    if "text/event-stream" not in request.headers.get("accept", ""):
+        return await run_in_threadpool(service.list_events, session, job_id, after, limit)
+    start = after
+    if last_event_id:
+        if not last_event_id.isdigit():
+            raise InvalidInput("Last-Event-ID must be an event id",
+                               errors=[FieldError("Last-Event-ID", "not an event id")])
+        start = int(last_event_id)
+    stream = event_stream(request.app.state.sessions, job_id, start, request.app.state.stream_timing,
+                          request.is_disconnected)
+    return StreamingResponse(stream, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/{job_id}/metrics", summary="Loss, learning rate, throughput and memory series")
+def job_metrics(
+    session: SessionDep, ref: ValidJob,
+    kind: Annotated[MetricKind, Query()] = "train",
+    after_step: Annotated[int | None, Query(ge=-1, le=2**31)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 2000,
+) -> MetricSeries:
+    return service.metric_series(session, ref.job.id, kind, after_step, limit)
+
+
+@router.get("/{job_id}/checkpoints", summary="Checkpoints of a job")
+def job_checkpoints(session: SessionDep, ref: ValidJob) -> CheckpointList:
+    return service.list_checkpoints(session, ref.job.id)

@@ -1,0 +1,312 @@
+"""Job use cases. Functions take the request's session and ``flush()``; the session dependency commits."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, defer, sessionmaker
+
+from api.auth.service import Principal
+from api.errors import (
+    Conflict,
+    FieldError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PlanDoesNotFit,
+    TooManyRequests,
+)
+from api.jobs.schemas import (
+    CheckpointList,
+    CheckpointRead,
+    EventList,
+    EventRead,
+    Failure,
+    JobList,
+    JobRead,
+    JobSummary,
+    MetricKind,
+    MetricPointRead,
+    MetricSeries,
+    Progress,
+)
+from api.paths import confine
+from api.plans.service import hardware_for, make_plan
+from planner.spec import JobSpec
+from store.base import utcnow
+from store.ids import new_id
+from store.models import Checkpoint, Dataset, Job, JobEvent, MetricPoint, User
+from store.states import IllegalTransition, JobStatus, transition
+from tunebox.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Enqueue = Callable[..., str]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _progress(job: Job) -> Progress:
+    return Progress(step=job.step, total_steps=job.total_steps, epoch=job.epoch, loss=job.loss,
+                    learning_rate=job.learning_rate, tokens_per_second=job.tokens_per_second,
+                    samples_per_second=job.samples_per_second, eta_seconds=job.eta_seconds,
+                    measured_peak_gpu_bytes=job.measured_peak_gpu_bytes,
+                    measured_host_rss_bytes=job.measured_host_rss_bytes,
+                    host_cpu_percent=job.host_cpu_percent, updated_at=job.progress_at)
+
+
+def _failure(job: Job) -> Failure | None:
+    if job.failure_kind is None and job.failure_reason is None:
+        return None
+    return Failure(kind=job.failure_kind, reason=job.failure_reason, message=job.failure_message)
+
+
+def _summary_fields(job: Job, owner: str) -> dict[str, Any]:
+    return dict(id=job.id, name=job.name, owner=owner, status=job.status, priority=job.priority,
+                num_gpus=job.num_gpus, planned_peak_gpu_bytes=job.planned_peak_gpu_bytes,
+                planned_host_bytes=job.planned_host_bytes, progress=_progress(job), failure=_failure(job),
+                created_at=job.created_at, updated_at=job.updated_at, started_at=job.started_at,
+                finished_at=job.finished_at)
+
+
+def job_summary(job: Job, owner: str) -> JobSummary:
+    return JobSummary(**_summary_fields(job, owner))
+
+
+def job_read(job: Job, owner: str) -> JobRead:
+    return JobRead(**_summary_fields(job, owner), spec=job.spec, plan=job.plan, dataset_id=job.dataset_id,
+                   attempt=job.attempt, worker_host=job.worker_host, gpu_indices=job.gpu_indices,
+                   cancel_requested_at=job.cancel_requested_at, eval_status=job.eval_status,
+                   eval_result=job.eval_result, log_tail=job.log_tail)
+
+
+def load_job(session: Session, job_id: str) -> tuple[Job, str]:
+    """The job and its owner's name, or 404."""
+    row = session.execute(select(Job, User.name).join(User, User.id == Job.owner_id)
+                          .where(Job.id == job_id)).first()
+    if row is None:
+        raise NotFound(f"no job {job_id}", errors=[FieldError("job_id", "no such job")])
+    return row[0], row[1]
+
+
+def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus], owner: str | None,
+              after: str | None, limit: int) -> JobList:
+    """Newest first; ``after`` is the last id of the previous page (ids sort by creation time)."""
+    query = (select(Job, User.name).join(User, User.id == Job.owner_id)
+             .options(defer(Job.spec), defer(Job.plan), defer(Job.eval_result), defer(Job.log_tail))
+             .order_by(Job.id.desc()).limit(limit + 1))
+    if statuses:
+        query = query.where(Job.status.in_([s.value for s in statuses]))
+    if owner == "me":
+        query = query.where(Job.owner_id == user.user_id)
+    elif owner:
+        query = query.where(User.name == owner)
+    if after:
+        query = query.where(Job.id < after)
+    rows = session.execute(query).all()
+    items = [job_summary(job, name) for job, name in rows[:limit]]
+    return JobList(items=items, next_after=items[-1].id if len(rows) > limit else None)
+
+
+# --------------------------------------------------------------------------- submitting
+
+
+def _check_queue_limit(session: Session, user: Principal, settings: Settings) -> None:
+    limit = user.max_queued_jobs or settings.max_queued_jobs_per_user
+    queued = session.scalar(select(func.count()).select_from(
+        select(Job.id).where(Job.owner_id == user.user_id, Job.status == JobStatus.QUEUED)
+        .limit(limit).subquery()))
+    if (queued or 0) >= limit:
+        raise TooManyRequests(f"{user.name} already has {limit} queued jobs (the limit); wait or cancel some",
+                              errors=[FieldError("owner", f"queued jobs limit {limit} reached")])
+
+
+def resolve_model(spec: JobSpec, settings: Settings, *, required: bool) -> JobSpec:
+    """Replace ``model.path`` by its resolved path under a model root; a job needs one."""
+    if spec.model.path is None:
+        if required:
+            raise InvalidInput.for_field("model.path", "a job needs a local model folder (model.path); "
+                                         "model.name and model.config are for planning only")
+        return spec
+    real = confine(spec.model.path, settings.model_roots, "model.path")
+    if not (real / "config.json").is_file():
+        raise InvalidInput.for_field("model.path", f"{spec.model.path} has no config.json")
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(real)})})
+
+
+def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: Principal
+                     ) -> tuple[JobSpec, str | None]:
+    ds = spec.dataset
+    if ds is None:
+        raise InvalidInput.for_field("dataset", "a job needs a dataset (dataset.path or dataset.id)")
+    if ds.id is not None:
+        row = session.get(Dataset, ds.id)
+        if row is None:
+            raise InvalidInput.for_field("dataset.id", f"no dataset {ds.id}")
+        update = {"num_rows": ds.num_rows or row.num_rows}
+        return spec.model_copy(update={"dataset": ds.model_copy(update=update)}), row.id
+    assert ds.path is not None
+    real = confine(ds.path, settings.dataset_roots, "dataset.path")
+    if not real.is_file():
+        raise InvalidInput.for_field("dataset.path", f"{ds.path} is not a file")
+    num_rows = ds.num_rows or _count_rows(real, ds.format.value, settings)
+    new_ds = ds.model_copy(update={"path": str(real), "num_rows": num_rows})
+    return spec.model_copy(update={"dataset": new_ds}), None
+
+
+def _count_rows(path: Path, declared: str, settings: Settings) -> int:
+    from tunebox.datasets import DatasetError, inspect_dataset
+
+    try:
+        info = inspect_dataset(path, declared, max_rows=settings.max_dataset_rows, max_bytes=2**40)
+    except DatasetError as exc:
+        field = "dataset" if exc.field.startswith("dataset") else f"dataset.rows[{exc.row}].{exc.field}"
+        raise InvalidInput(str(exc), errors=[FieldError(field, exc.message, row=exc.row)]) from exc
+    return info.num_rows
+
+
+def _refuse_unfit(plan: Any) -> None:
+    body = plan.model_dump(mode="json")
+    per_gpu, host = body.get("per_gpu", {}), body.get("host", {})
+    detail = (f"the job does not fit: needs {per_gpu.get('total_bytes')} bytes per GPU and "
+              f"{host.get('total_bytes')} bytes of host memory (margin {body.get('margin_bytes')} bytes)")
+    raise PlanDoesNotFit(detail, errors=[FieldError("resources", "the planned memory exceeds the box")],
+                         plan=body, alternatives=body.get("alternatives", []))
+
+
+def create_job(session: Session, settings: Settings, user: Principal, spec: JobSpec) -> JobRead:
+    """Validate, plan and store a queued job with its 'created' and audit events; returns it."""
+    _check_queue_limit(session, user, settings)
+    spec = resolve_model(spec, settings, required=True)
+    spec, dataset_id = _resolve_dataset(session, spec, settings, user)
+    plan = make_plan(spec, hardware_for(spec, session, settings))
+    if not plan.fits:
+        _refuse_unfit(plan)
+    plan_json = plan.model_dump(mode="json")
+    job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, status=JobStatus.QUEUED,
+              priority=spec.priority, spec=spec.model_dump(mode="json"), plan=plan_json,
+              dataset_id=dataset_id, num_gpus=plan.num_gpus,
+              planned_peak_gpu_bytes=plan_json["per_gpu"]["total_bytes"],
+              planned_host_bytes=plan_json["host"]["total_bytes"])
+    session.add(job)
+    session.add_all([
+        JobEvent(job_id=job.id, kind="created", actor=user.name, message="job created",
+                 data={"status": "queued", "num_gpus": plan.num_gpus}),
+        JobEvent(job_id=job.id, kind="audit", actor=user.name, message="create", data={"action": "create"}),
+    ])
+    session.flush()
+    return job_read(job, user.name)
+
+
+def dispatch(sessions: sessionmaker[Session], enqueue: Enqueue, job_id: str, priority: int) -> None:
+    """Send the run task (after the commit) and remember its id; a failed send leaves the job queued."""
+    try:
+        task_id = enqueue(job_id, priority=priority)
+    except Exception:
+        # the database is the truth: the workers' reconciler sends a queued job with no message again
+        log.exception("could not enqueue %s; it stays queued for the reconciler", job_id)
+        return
+    with sessions.begin() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(celery_task_id=task_id))
+
+
+# --------------------------------------------------------------------------- changing
+
+
+def _audit(session: Session, job_id: str, user: Principal, action: str, **data: Any) -> None:
+    session.add(JobEvent(job_id=job_id, kind="audit", actor=user.name, message=action,
+                         data={"action": action, **data}))
+
+
+def cancel_job(session: Session, user: Principal, job_id: str) -> tuple[JobRead, bool]:
+    """Queued → cancelled at once; starting/running/evaluating → cancelling (the worker ends it).
+
+    Returns the job and whether it is already cancelled. Retries when a worker moved the job between
+    the read and the guarded update (a cancel racing a start).
+    """
+    job, owner = load_job(session, job_id)
+    if job.owner_id != user.user_id and not user.is_admin:
+        raise Forbidden(f"only {owner} or an admin may cancel {job_id}")
+    for _ in range(5):
+        status = JobStatus(job.status)
+        if status.terminal():
+            raise Conflict(f"{job_id} is already {status.value}",
+                           errors=[FieldError("status", f"job is {status.value}")], job_status=status.value)
+        if status is JobStatus.CANCELLING:
+            return job_read(job, owner), False
+        target = JobStatus.CANCELLED if status is JobStatus.QUEUED else JobStatus.CANCELLING
+        try:
+            transition(session, job_id, target, expected=status, actor=user.name,
+                       message=f"cancel requested by {user.name}", cancel_requested_at=utcnow())
+        except IllegalTransition:
+            session.refresh(job)
+            continue
+        _audit(session, job_id, user, "cancel", previous=status.value)
+        session.flush()
+        session.refresh(job)
+        return job_read(job, owner), target is JobStatus.CANCELLED
+    raise Conflict(f"{job_id} keeps changing state; try again")
+
+
+def set_priority(session: Session, user: Principal, job_id: str, priority: int) -> JobRead:
+    job, owner = load_job(session, job_id)
+    if JobStatus(job.status).terminal():
+        raise Conflict(f"{job_id} is already {job.status.value}",
+                       errors=[FieldError("status", f"job is {job.status.value}")])
+    previous = job.priority
+    job.priority = priority
+    job.updated_at = utcnow()
+    _audit(session, job_id, user, "priority", previous=previous, priority=priority)
+    session.flush()
+    return job_read(job, owner)
+
+
+# --------------------------------------------------------------------------- events, metrics, checkpoints
+
+
+def event_read(ev: JobEvent) -> EventRead:
+    return EventRead(id=ev.id, job_id=ev.job_id, kind=ev.kind, actor=ev.actor, message=ev.message,
+                     data=ev.data, created_at=ev.created_at)
+
+
+def events_after(session: Session, job_id: str, after: int, limit: int) -> list[EventRead]:
+    rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after)
+                           .order_by(JobEvent.id).limit(limit))
+    return [event_read(ev) for ev in rows]
+
+
+def list_events(session: Session, job_id: str, after: int, limit: int) -> EventList:
+    items = events_after(session, job_id, after, limit)
+    return EventList(items=items, next_after=items[-1].id if items else after or None)
+
+
+def job_status(session: Session, job_id: str) -> JobStatus | None:
+    status = session.scalar(select(Job.status).where(Job.id == job_id))
+    return JobStatus(status) if status is not None else None
+
+
+def metric_series(session: Session, job_id: str, kind: MetricKind, after_step: int | None,
+                  limit: int) -> MetricSeries:
+    query = (select(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.kind == kind)
+             .order_by(MetricPoint.step).limit(limit))
+    if after_step is not None:
+        query = query.where(MetricPoint.step > after_step)
+    points = [MetricPointRead(step=p.step, epoch=p.epoch, loss=p.loss, learning_rate=p.learning_rate,
+                              tokens_per_second=p.tokens_per_second, samples_per_second=p.samples_per_second,
+                              gpu_memory_bytes=p.gpu_memory_bytes, host_rss_bytes=p.host_rss_bytes,
+                              host_cpu_percent=p.host_cpu_percent, created_at=p.created_at)
+              for p in session.scalars(query)]
+    return MetricSeries(job_id=job_id, kind=kind, points=points)
+
+
+def list_checkpoints(session: Session, job_id: str) -> CheckpointList:
+    rows = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step))
+    return CheckpointList(items=[CheckpointRead(id=c.id, step=c.step, path=c.path, size_bytes=c.size_bytes,
+                                                is_final=c.is_final, eval_status=c.eval_status,
+                                                eval_result=c.eval_result, created_at=c.created_at)
+                                 for c in rows])

@@ -1,0 +1,102 @@
+"""Pure ASGI middleware: the request-body limit and the Prometheus request metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import PROBLEM_MEDIA_TYPE, problem_body
+
+if TYPE_CHECKING:
+    from api.ops.metrics import ApiMetrics
+
+
+def _too_large(limit: int) -> str:
+    return f"the request body is larger than {limit} bytes"
+
+
+class BodyLimitMiddleware:
+    """Refuses bodies over ``max_bytes`` with 413, counting bytes as they arrive.
+
+    A declared Content-Length over the limit is refused before reading; a body that streams past
+    the limit (chunked, or a lying Content-Length) fails at the read that crosses it. The error is a
+    Starlette HTTPException so FastAPI's body parser re-raises it instead of calling it a 400.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await _send_413(scope, send, self.max_bytes)
+            return
+        received = 0
+        limit = self.max_bytes
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise StarletteHTTPException(413, _too_large(limit))
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _send_413(scope: Scope, send: Send, limit: int) -> None:
+    body = problem_body(status=413, slug="body-too-large", title="Request body too large",
+                        detail=_too_large(limit), instance=scope.get("path", ""))
+    raw = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", PROBLEM_MEDIA_TYPE.encode()),
+                            (b"content-length", str(len(raw)).encode()), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": raw})
+
+
+class MetricsMiddleware:
+    """Counts requests and their latency by method, route template and status."""
+
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.observe(scope["method"], template, status, time.perf_counter() - start)

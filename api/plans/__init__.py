@@ -1,0 +1,1 @@
+"""Plans: what a job spec needs on a box, before anything runs."""

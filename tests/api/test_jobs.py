@@ -1,0 +1,84 @@
+"""Submitting, reading, listing, cancelling and reprioritising jobs (both backends unless noted)."""
+
+from __future__ import annotations
+
+import pytest
+
+from store.models import Job, JobEvent
+from tests.api.conftest import BOX, Env, job_spec
+
+PROBLEM = "application/problem+json"
+
+
+def test_submit_stores_queued_job_with_plan_and_enqueues_after_commit(env: Env) -> None:
+    res = env.client.post("/v1/jobs", json=job_spec(priority=7), headers=env.auth())
+    assert res.status_code == 201, res.text
+    job = res.json()
+    assert job["id"].startswith("job_") and job["status"] == "queued" and job["owner"] == "alice"
+    assert res.headers["location"] == f"/v1/jobs/{job['id']}"
+    assert job["plan"]["fits"] is True
+    assert job["planned_peak_gpu_bytes"] == job["plan"]["per_gpu"]["total_bytes"]
+    assert job["spec"]["model"]["path"].endswith("/models/small")  # resolved under the root
+    assert job["spec"]["dataset"]["num_rows"] == 12
+    assert env.enqueued.calls == [(job["id"], 7)]
+    kinds = [e["kind"] for e in env.client.get(f"/v1/jobs/{job['id']}/events", headers=env.auth()).json()["items"]]
+    assert kinds == ["created", "audit"]
+    shown = env.client.get(f"/v1/jobs/{job['id']}", headers=env.auth("bob"))  # team members see all
+    assert shown.status_code == 200 and shown.json()["id"] == job["id"]
+
+
+def test_task_id_is_stored_after_dispatch(env: Env) -> None:
+    job = env.submit()
+    from store.db import session_scope
+
+    with session_scope(env.url) as session:
+        assert session.get(Job, job["id"]).celery_task_id == "task-1"
+
+
+def test_broker_failure_keeps_the_job_queued(env: Env) -> None:
+    env.enqueued.fail = True
+    job = env.submit()
+    assert env.client.get(f"/v1/jobs/{job['id']}", headers=env.auth()).json()["status"] == "queued"
+
+
+def test_job_that_does_not_fit_is_refused_with_plan_and_alternatives(env: Env) -> None:
+    res = env.client.post("/v1/jobs", json=job_spec(model={"path": "big"}, method="full"), headers=env.auth())
+    assert res.status_code == 422
+    assert res.headers["content-type"] == PROBLEM
+    body = res.json()
+    assert body["type"].endswith("/plan-does-not-fit")
+    assert body["plan"]["fits"] is False and isinstance(body["alternatives"], list)
+    assert body["errors"][0]["field"] == "resources"
+    assert env.count(Job) == 0 and env.count(JobEvent) == 0 and env.enqueued.calls == []
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    ({"training": {"seq_len": 10**9, "max_steps": 1}}, "training.seq_len"),
+    ({"resources": {"num_gpus": 10**6}}, "resources.num_gpus"),
+    ({"training": {"learning_rate": -1, "max_steps": 1}}, "training.learning_rate"),
+    ({"training": {"max_steps": 1, "bogus": 1}}, "training.bogus"),
+    ({"lora": {"r": "sixteen"}}, "lora.r"),
+    ({"colour": "blue"}, "colour"),
+    ({"model": {"path": "../etc"}}, "model.path"),
+    ({"model": {"path": "/etc"}}, "model.path"),
+    ({"model": {"path": "file:///etc/passwd"}}, "model.path"),
+    ({"model": {"path": "nope"}}, "model.path"),
+    ({"model": {"name": "Qwen/Qwen2.5-0.5B"}}, "model.path"),
+    ({"dataset": {"path": "missing.jsonl"}}, "dataset.path"),
+    ({"dataset": {"id": "ds_doesnotexist"}}, "dataset.id"),
+    ({"dataset": None}, "dataset"),
+])
+def test_bad_specs_name_the_field_and_write_nothing(env: Env, patch: dict, field: str) -> None:
+    res = env.client.post("/v1/jobs", json=job_spec(**patch), headers=env.auth())
+    assert res.status_code == 422, res.text
+    assert res.headers["content-type"] == PROBLEM
+    body = res.json()
+    assert field in [e["field"] for e in body["errors"]], body
+    assert body["status"] == 422 and body["instance"] == "/v1/jobs" and body["title"]
+    assert env.count(Job) == 0 and env.enqueued.calls == []
+
+
+def test_hardware_in_spec_overrides_the_box(env: Env) -> None:
+    tiny = {**BOX, "gpu_memory_bytes": 2**28}
+    res = env.client.post("/v1/jobs", json=job_spec(hardware=tiny), headers=env.auth())
+    assert res.status_code == 422 and res.json()["type"].endswith("/plan-does-not-fit")
