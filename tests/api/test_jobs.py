@@ -21,7 +21,8 @@ def test_submit_stores_queued_job_with_plan_and_enqueues_after_commit(env: Env) 
     assert job["spec"]["model"]["path"].endswith("/models/small")  # resolved under the root
     assert job["spec"]["dataset"]["num_rows"] == 12
     assert env.enqueued.calls == [(job["id"], 7)]
-    kinds = [e["kind"] for e in env.client.get(f"/v1/jobs/{job['id']}/events", headers=env.auth()).json()["items"]]
+    events = env.client.get(f"/v1/jobs/{job['id']}/events", headers=env.auth()).json()["items"]
+    kinds = [e["kind"] for e in events]
     assert kinds == ["created", "audit"]
     shown = env.client.get(f"/v1/jobs/{job['id']}", headers=env.auth("bob"))  # team members see all
     assert shown.status_code == 200 and shown.json()["id"] == job["id"]
