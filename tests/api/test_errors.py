@@ -1,0 +1,95 @@
+"""Every error class is RFC 9457 problem+json; bad input never yields a 500 and never writes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from store.models import Job
+from tests.api.conftest import Env, job_spec
+
+KEYS = {"type", "title", "status", "detail", "instance", "errors"}
+
+
+def _problem(res, status: int) -> dict:  # noqa: ANN001
+    assert res.status_code == status, res.text
+    assert res.headers["content-type"] == "application/problem+json"
+    body = res.json()
+    assert set(body) >= KEYS and body["status"] == status
+    return body
+
+
+def test_unknown_route_is_404_problem(env: Env) -> None:
+    body = _problem(env.client.get("/v1/nothing", headers=env.auth()), 404)
+    assert body["instance"] == "/v1/nothing"
+
+
+def test_wrong_method_is_405_problem(env: Env) -> None:
+    _problem(env.client.delete("/v1/jobs", headers=env.auth()), 405)
+
+
+def test_unknown_job_is_404_naming_it(env: Env) -> None:
+    body = _problem(env.client.get("/v1/jobs/job_nope", headers=env.auth()), 404)
+    assert body["errors"] == [{"field": "job_id", "message": "no such job"}]
+    _problem(env.client.post("/v1/jobs/job_nope/cancel", headers=env.auth()), 404)
+    _problem(env.client.get("/v1/jobs/job_nope/events", headers=env.auth()), 404)
+
+
+def test_malformed_json_is_400_problem_and_writes_nothing(env: Env) -> None:
+    headers = {**env.auth(), "Content-Type": "application/json"}
+    body = _problem(env.client.post("/v1/jobs", content=b'{"model": {"path": ', headers=headers), 400)
+    assert body["errors"][0]["field"] == "body"
+    assert env.count(Job) == 0
+
+
+@pytest.mark.parametrize("raw", [b"[]", b'"text"', b"12", b"null"])
+def test_json_that_is_not_an_object_is_422(env: Env, raw: bytes) -> None:
+    headers = {**env.auth(), "Content-Type": "application/json"}
+    _problem(env.client.post("/v1/jobs", content=raw, headers=headers), 422)
+    assert env.count(Job) == 0
+
+
+def test_oversized_body_by_content_length_is_413(env: Env) -> None:
+    big = json.dumps(job_spec(name="x" * 100, lora={"target_modules": ["q" * 100] * 4000}))
+    assert len(big) > env.settings.max_body_bytes
+    headers = {**env.auth(), "Content-Type": "application/json"}
+    _problem(env.client.post("/v1/jobs", content=big, headers=headers), 413)
+    assert env.count(Job) == 0
+
+
+def test_oversized_streamed_body_is_413_while_reading(env: Env) -> None:
+    def chunks() -> Iterator[bytes]:  # no Content-Length: chunked transfer
+        yield b'{"name": "'
+        for _ in range(64):
+            yield b"x" * 8192
+        yield b'"}'
+
+    headers = {**env.auth(), "Content-Type": "application/json"}
+    _problem(env.client.post("/v1/jobs", content=chunks(), headers=headers), 413)
+    assert env.count(Job) == 0
+
+
+def test_bad_query_parameters_name_the_parameter(env: Env) -> None:
+    body = _problem(env.client.get("/v1/jobs?limit=0", headers=env.auth()), 422)
+    assert body["errors"][0]["field"] == "limit"
+    body = _problem(env.client.get("/v1/jobs?status=sleeping", headers=env.auth()), 422)
+    assert body["errors"][0]["field"] == "status[0]"
+    _problem(env.client.get("/v1/jobs?limit=201", headers=env.auth()), 422)
+    _problem(env.client.get("/v1/jobs?after=%27%3B+drop", headers=env.auth()), 422)
+
+
+def test_cancel_of_a_finished_job_is_409(env: Env) -> None:
+    job = env.submit()
+    assert env.client.post(f"/v1/jobs/{job['id']}/cancel", headers=env.auth()).status_code == 200
+    body = _problem(env.client.post(f"/v1/jobs/{job['id']}/cancel", headers=env.auth()), 409)
+    assert body["errors"][0]["field"] == "status"
+
+
+def test_validation_messages_are_readable(env: Env) -> None:
+    spec = job_spec(training={"max_steps": 1, "micro_batch_size": "lots"})
+    body = _problem(env.client.post("/v1/jobs", json=spec, headers=env.auth()), 422)
+    fields = {e["field"] for e in body["errors"]}
+    assert fields == {"training.micro_batch_size"}
+    assert "training.micro_batch_size" in body["detail"]
