@@ -1,0 +1,371 @@
+"""The benchmark matrix: real model architectures × ZeRO stage × offload × checkpointing × shape.
+
+Each case is a JobSpec-shaped dict (``planner.spec.JobSpec`` validates it) plus what the harness
+needs to schedule it: how many measured optimizer steps, and an estimate of its wall time on one
+H200 so a run with a wall-clock budget can skip what would not finish.
+
+The order is the run order: a ``core`` group of small single-GPU cases that together fit in about
+eight minutes on one H200 comes first, then the rest. No torch here: ``--list`` and the tests read
+this module on any machine.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+# config.json of each model as published (architecture fields verbatim; only the fields that
+# describe the network, which is all ``from_config`` reads).
+
+# https://huggingface.co/Qwen/Qwen2.5-0.5B/blob/main/config.json
+QWEN25_05B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "initializer_range": 0.02,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 24,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# https://huggingface.co/Qwen/Qwen2.5-1.5B/blob/main/config.json
+QWEN25_15B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 1536,
+    "initializer_range": 0.02,
+    "intermediate_size": 8960,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 28,
+    "model_type": "qwen2",
+    "num_attention_heads": 12,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# https://huggingface.co/Qwen/Qwen2.5-3B/blob/main/config.json
+QWEN25_3B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 36,
+    "model_type": "qwen2",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json (untied lm_head, vocab 152064)
+QWEN25_7B: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 3584,
+    "initializer_range": 0.02,
+    "intermediate_size": 18944,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 28,
+    "model_type": "qwen2",
+    "num_attention_heads": 28,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+
+# https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json
+LLAMA32_1B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+
+MODELS: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": QWEN25_05B,
+    "qwen2.5-1.5b": QWEN25_15B,
+    "qwen2.5-3b": QWEN25_3B,
+    "qwen2.5-7b": QWEN25_7B,
+    "llama-3.2-1b": LLAMA32_1B,
+}
+
+# The machine the matrix was written for: one H200 (143771 MiB as NVML reports it) in a host of
+# 128 GiB per GPU. The harness replaces the GPU figures with what it finds on the machine.
+H200_MEMORY_BYTES = 143771 * 2**20
+HOST_MEMORY_PER_GPU_BYTES = 128 * 2**30
+
+# The ZeRO knobs every case pins (the service's defaults); a case may override any of them.
+ZERO_COMMON: dict[str, Any] = {
+    "overlap_comm": True,
+    "contiguous_gradients": True,
+    "reduce_bucket_size": 5e8,
+}
+ZERO_STAGE12: dict[str, Any] = {"allgather_bucket_size": 5e8}
+ZERO_STAGE3: dict[str, Any] = {
+    "stage3_prefetch_bucket_size": 5e8,
+    "stage3_param_persistence_threshold": 1e5,
+    "stage3_max_live_parameters": 1e9,
+    "stage3_max_reuse_distance": 1e9,
+}
+
+
+def zero_knobs(stage: int) -> dict[str, Any]:
+    """The ZeRO knobs that apply to ``stage`` (none for stage 0, which has no ZeRO section)."""
+    if stage == 0:
+        return {}
+    extra = ZERO_STAGE3 if stage == 3 else ZERO_STAGE12
+    return {**ZERO_COMMON, **extra}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    spec: dict[str, Any]
+    est_seconds: float
+    measured_steps: int = 3
+    group: str = "rest"
+    expect: str = "ok"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_gpus(self) -> int:
+        return int(self.spec["resources"]["num_gpus"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "spec": self.spec, "est_seconds": self.est_seconds,
+                "measured_steps": self.measured_steps, "group": self.group, "expect": self.expect}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Case:
+        return cls(name=d["name"], spec=d["spec"], est_seconds=float(d.get("est_seconds", 120)),
+                   measured_steps=int(d.get("measured_steps", 3)), group=d.get("group", "custom"),
+                   expect=d.get("expect", "ok"))
+
+
+def param_count(cfg: dict[str, Any]) -> int:
+    """Parameters of a llama/qwen2-style decoder from its config (for time estimates only)."""
+    h, n_layers, inter = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    hd = cfg.get("head_dim") or h // heads
+    vocab = cfg["vocab_size"]
+    qkv_bias = cfg.get("model_type") == "qwen2" or bool(cfg.get("attention_bias"))
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h + (heads * hd + 2 * kv * hd) * qkv_bias
+    per_layer = attn + 3 * h * inter + 2 * h
+    embed = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    return embed + n_layers * per_layer + h
+
+
+def lora_param_count(cfg: dict[str, Any], r: int, targets: list[str]) -> int:
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads", heads)
+    hd = cfg.get("head_dim") or h // heads
+    shapes = {"q_proj": (h, heads * hd), "k_proj": (h, kv * hd), "v_proj": (h, kv * hd),
+              "o_proj": (heads * hd, h), "gate_proj": (h, cfg["intermediate_size"]),
+              "up_proj": (h, cfg["intermediate_size"]), "down_proj": (cfg["intermediate_size"], h)}
+    return cfg["num_hidden_layers"] * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
+
+
+# Rough H200 rates for the time estimate; the estimate only decides what fits a budget, so it
+# errs long. Recorded wall times are the truth (see bench/README.md).
+STARTUP_S = 16.0            # interpreter, torch/deepspeed/transformers imports, CUDA + NCCL init
+INIT_S_PER_BPARAM = 1.5     # random init on the GPU + engine setup, per billion parameters
+ZERO3_INIT_FACTOR = 2.0     # zero.Init partitions while constructing
+OFFLOAD_INIT_S_PER_BPARAM = 5.0   # pinned host buffers and CPU optimizer states
+GPU_FLOPS = 250e12          # achieved bf16 training rate on an H200
+ZERO3_LAYER_LATENCY_S = 0.004     # fetch/release per layer per micro-step, small models are bound by it
+PCIE_BYTES_PER_S = 15e9
+CPU_ADAM_PARAMS_PER_S = 1.0e9
+SAFETY = 1.3
+
+
+def estimate_seconds(spec: dict[str, Any], measured_steps: int) -> float:
+    cfg, tr, res = spec["model"]["config"], spec["training"], spec["resources"]
+    params = param_count(cfg)
+    lora = spec["method"] == "lora"
+    trainable = (lora_param_count(cfg, spec["lora"]["r"], spec["lora"]["target_modules"])
+                 if lora else params)
+    stage, gpus = res["zero_stage"], res["num_gpus"]
+    off_opt, off_param = res["offload_optimizer"] == "cpu", res["offload_param"] == "cpu"
+    ckpt = bool(tr["gradient_checkpointing"])
+    tokens = tr["micro_batch_size"] * tr["seq_len"]
+
+    init = INIT_S_PER_BPARAM * params / 1e9 * (ZERO3_INIT_FACTOR if stage == 3 else 1.0)
+    if off_opt or off_param:
+        init += OFFLOAD_INIT_S_PER_BPARAM * (trainable if off_opt else 0) / 1e9 / gpus
+        init += OFFLOAD_INIT_S_PER_BPARAM * 0.3 * (params if off_param else 0) / 1e9
+
+    flop_factor = (4 if lora else 6) + (2 if ckpt else 0)
+    attn = 6 * cfg["num_hidden_layers"] * cfg["hidden_size"] * tr["seq_len"] * tokens
+    micro = (flop_factor * params * tokens + attn) / GPU_FLOPS
+    if stage == 3:
+        micro += ZERO3_LAYER_LATENCY_S * cfg["num_hidden_layers"] * (3 if ckpt else 2)
+    if off_param:
+        micro += 2 * params * (3 if ckpt else 2) / gpus / PCIE_BYTES_PER_S
+    opt = 0.05
+    if off_opt:
+        opt += trainable / gpus / CPU_ADAM_PARAMS_PER_S + 8 * trainable / gpus / PCIE_BYTES_PER_S
+    step = micro * tr["gradient_accumulation_steps"] + opt
+    total = STARTUP_S + init + (2 + measured_steps) * step
+    return round(SAFETY * total, 1)
+
+
+def _offload_tag(opt: bool, param: bool) -> str:
+    return "opt+param" if param else ("opt" if opt else "none")
+
+
+def make_case(model: str, method: str, stage: int, offload: str, ckpt: bool, seq: int, mb: int,
+              ga: int, gpus: int = 1, *, group: str = "rest", steps: int = 3,
+              expect: str = "ok") -> Case:
+    """One case; ``offload`` is none | opt | opt+param (the last only with stage 3)."""
+    off_opt, off_param = offload in ("opt", "opt+param"), offload == "opt+param"
+    if off_param and stage != 3:
+        raise ValueError("parameter offload needs ZeRO-3")
+    name = "|".join([model, method, f"z{stage}", f"off={_offload_tag(off_opt, off_param)}",
+                     "ckpt" if ckpt else "nockpt", f"s{seq}", f"mb{mb}", f"g{ga}"])
+    if gpus > 1:
+        name += f"|gpus{gpus}"
+    spec: dict[str, Any] = {
+        "name": name,
+        "model": {"config": copy.deepcopy(MODELS[model])},
+        "method": method,
+        "lora": {"r": 16, "alpha": 32, "dropout": 0.05,
+                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+        "training": {"max_steps": 2 + steps, "epochs": None, "micro_batch_size": mb,
+                     "gradient_accumulation_steps": ga, "seq_len": seq,
+                     "gradient_checkpointing": ckpt, "precision": "bf16", "optimizer": "adamw",
+                     "learning_rate": 1e-4, "weight_decay": 0.0},
+        "resources": {"num_gpus": gpus, "zero_stage": stage,
+                      "offload_optimizer": "cpu" if off_opt else "none",
+                      "offload_param": "cpu" if off_param else "none",
+                      "deepspeed": zero_knobs(stage)},
+        "hardware": {"gpu_count": gpus, "gpu_memory_bytes": H200_MEMORY_BYTES,
+                     "host_memory_bytes": HOST_MEMORY_PER_GPU_BYTES * gpus, "gpu_name": "NVIDIA H200"},
+    }
+    return Case(name=name, spec=spec, est_seconds=estimate_seconds(spec, steps), measured_steps=steps,
+                group=group, expect=expect)
+
+
+def _core() -> list[Case]:
+    c = "core"
+    return [
+        make_case("qwen2.5-0.5b", "full", 3, "none", True, 1024, 2, 1, group=c),
+        make_case("qwen2.5-0.5b", "full", 0, "none", True, 1024, 2, 1, group=c),
+        make_case("qwen2.5-0.5b", "full", 2, "none", True, 1024, 2, 1, group=c),
+        make_case("qwen2.5-0.5b", "full", 3, "none", False, 1024, 2, 1, group=c),
+        make_case("qwen2.5-0.5b", "lora", 3, "none", True, 1024, 2, 1, group=c),
+        make_case("qwen2.5-0.5b", "full", 3, "opt", True, 1024, 2, 1, group=c),
+        make_case("qwen2.5-0.5b", "full", 3, "opt+param", True, 1024, 2, 1, group=c, steps=2),
+        make_case("qwen2.5-0.5b", "full", 2, "opt", True, 1024, 2, 1, group=c),
+        make_case("qwen2.5-0.5b", "full", 3, "none", True, 4096, 1, 2, group=c),
+        make_case("llama-3.2-1b", "full", 2, "none", False, 1024, 4, 1, group=c),
+        make_case("qwen2.5-1.5b", "full", 3, "none", True, 2048, 2, 1, group=c),
+        make_case("qwen2.5-1.5b", "lora", 0, "none", False, 2048, 1, 1, group=c),
+        make_case("qwen2.5-3b", "lora", 3, "none", True, 2048, 2, 1, group=c),
+        make_case("qwen2.5-3b", "full", 3, "opt", True, 1024, 1, 1, group=c, steps=2),
+    ]
+
+
+def _rest() -> list[Case]:
+    return [
+        # Deliberately too large for one GPU: shows that the OOM path records status "oom".
+        make_case("qwen2.5-7b", "full", 0, "none", False, 4096, 4, 1, steps=1, expect="oom"),
+        make_case("qwen2.5-7b", "lora", 3, "none", True, 2048, 2, 1),
+        make_case("qwen2.5-7b", "lora", 0, "none", True, 1024, 2, 1),
+        make_case("qwen2.5-7b", "lora", 3, "opt+param", True, 1024, 1, 1, steps=2),
+        make_case("qwen2.5-3b", "full", 2, "none", True, 2048, 2, 1),
+        make_case("qwen2.5-3b", "full", 3, "opt+param", True, 1024, 1, 1, steps=2),
+        make_case("qwen2.5-1.5b", "full", 2, "opt", False, 1024, 2, 1),
+        make_case("llama-3.2-1b", "lora", 3, "none", False, 4096, 2, 1),
+        make_case("llama-3.2-1b", "full", 3, "none", True, 512, 4, 4),
+        make_case("qwen2.5-0.5b", "full", 0, "none", False, 512, 4, 1),
+        make_case("qwen2.5-1.5b", "full", 3, "none", False, 4096, 1, 1),
+        make_case("qwen2.5-0.5b", "full", 3, "none", True, 1024, 2, 1, gpus=2),
+        make_case("qwen2.5-1.5b", "full", 2, "none", True, 2048, 2, 1, gpus=2),
+        make_case("qwen2.5-3b", "full", 3, "opt", True, 1024, 1, 1, gpus=2, steps=2),
+        make_case("qwen2.5-7b", "lora", 3, "none", True, 2048, 2, 1, gpus=2),
+        make_case("qwen2.5-7b", "full", 3, "none", True, 2048, 1, 1, gpus=2),
+        # 7B optimizer states (~122 GB fp32 on the host) only fit the 2-GPU host's 256 GiB.
+        make_case("qwen2.5-7b", "full", 3, "opt", True, 1024, 1, 1, gpus=2, steps=2),
+    ]
+
+
+CASES: list[Case] = _core() + _rest()
+
+
+def by_name() -> dict[str, Case]:
+    return {c.name: c for c in CASES}

@@ -1,0 +1,877 @@
+"""Measure real DeepSpeed training steps for the benchmark matrix and record what the GPU shows.
+
+One invocation runs many cases inside a wall-clock budget. Each case runs in fresh processes (one
+per rank) so its peaks are its own and a crash or OOM cannot take the others down; this parent
+samples NVML and host RSS from outside while it runs and appends one JSON line per case to
+``--out`` the moment it ends. See bench/README.md for the commands and the record schema.
+
+Usage (from the repository root):
+    python -m bench.measure --list
+    python -m bench.measure --budget-seconds 540 --resume --out bench/results/h200-x1.jsonl
+
+The module imports no torch at top level: the parent stays small and the children, started as
+``python -m bench.measure --child ...``, import the training stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as a script: make ``bench`` and ``planner`` importable
+    sys.path.insert(0, str(REPO))
+
+from bench.cases import CASES, HOST_MEMORY_PER_GPU_BYTES, Case, zero_knobs  # noqa: E402
+
+# NVLink multicast must stay off on the shared multi-GPU hosts; children get these whatever the
+# caller's environment says.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
+SAMPLE_INTERVAL_S = 0.02
+RSS_EVERY_N_SAMPLES = 5
+RANK_GRACE_S = 15.0      # after one rank fails, how long the others get to notice before being killed
+ERROR_TAIL_LINES = 40
+WARMUP_OPTIMIZER_STEPS = 2
+OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED",
+               "out of memory", "NCCL WARN Cuda failure 'out of memory'")
+
+
+# --------------------------------------------------------------------------- DeepSpeed config
+
+
+def build_ds_config(spec: dict[str, Any]) -> dict[str, Any]:
+    """The DeepSpeed config the service would run ``spec`` with (every value concrete)."""
+    tr, res = spec["training"], spec["resources"]
+    for key, value in (("micro_batch_size", tr.get("micro_batch_size")),
+                       ("gradient_checkpointing", tr.get("gradient_checkpointing")),
+                       ("num_gpus", res.get("num_gpus")), ("zero_stage", res.get("zero_stage")),
+                       ("offload_optimizer", res.get("offload_optimizer")),
+                       ("offload_param", res.get("offload_param"))):
+        if value in (None, "auto"):
+            raise ValueError(f"a benchmark case needs a concrete {key} (got {value!r})")
+    if tr.get("optimizer", "adamw") != "adamw":
+        raise ValueError("the benchmark measures AdamW only")
+    stage, gpus = int(res["zero_stage"]), int(res["num_gpus"])
+    mb, ga = int(tr["micro_batch_size"]), int(tr.get("gradient_accumulation_steps", 1))
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": mb,
+        "gradient_accumulation_steps": ga,
+        "train_batch_size": mb * ga * gpus,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                  "weight_decay": 0.0}},
+        "zero_optimization": _zero_section(stage, res),
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    precision = tr.get("precision", "bf16")
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif precision == "fp16":
+        config["fp16"] = {"enabled": True}
+    return config
+
+
+def _zero_section(stage: int, res: dict[str, Any]) -> dict[str, Any]:
+    off_opt, off_param = res["offload_optimizer"], res["offload_param"]
+    if "nvme" in (off_opt, off_param):
+        raise ValueError("NVMe offload is not part of the benchmark")
+    if stage == 0:
+        if "cpu" in (off_opt, off_param):
+            raise ValueError("offload needs ZeRO stage 1-3")
+        return {"stage": 0}
+    if off_param == "cpu" and stage != 3:
+        raise ValueError("parameter offload needs ZeRO-3")
+    zero: dict[str, Any] = {"stage": stage, **zero_knobs(stage)}
+    if off_opt == "cpu":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if off_param == "cpu":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    zero.update(res.get("deepspeed") or {})
+    return zero
+
+
+# --------------------------------------------------------------------------- parent: discovery
+
+
+@dataclass
+class Gpus:
+    """NVML handles of every GPU on the machine (empty where NVML is unavailable)."""
+
+    nvml: Any = None
+    handles: list[Any] = field(default_factory=list)
+    name: str | None = None
+    memory_bytes: int | None = None
+    driver: str | None = None
+
+    @classmethod
+    def discover(cls) -> Gpus:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:
+            return cls()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        if not handles:
+            return cls(nvml=pynvml)
+        name = pynvml.nvmlDeviceGetName(handles[0])
+        return cls(nvml=pynvml, handles=handles,
+                   name=name.decode() if isinstance(name, bytes) else str(name),
+                   memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handles[0]).total),
+                   driver=_decode(pynvml.nvmlSystemGetDriverVersion()))
+
+    def used(self) -> list[int]:
+        return [int(self.nvml.nvmlDeviceGetMemoryInfo(h).used) for h in self.handles]
+
+
+def _decode(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _host_memory_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+# --------------------------------------------------------------------------- parent: sampling
+
+
+class Sampler(threading.Thread):
+    """Peaks of NVML per-process and device memory per GPU, and of the case's host RSS."""
+
+    def __init__(self, gpus: Gpus, root_pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.gpus, self.root_pids = gpus, root_pids
+        n = len(gpus.handles)
+        self.peak_proc = [0] * n          # our processes' usedGpuMemory, per GPU
+        self.peak_all_procs = [0] * n     # every compute process (fallback when pids do not match)
+        self.peak_used = [0] * n
+        self.pid_matched = False
+        self.saw_processes = False
+        self.proc_figure_available = False
+        self.peak_rss = 0
+        self._stop_event = threading.Event()
+        self._procs: dict[int, Any] = {}
+        self._procs_at = 0.0
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+
+    def run(self) -> None:
+        i = 0
+        while not self._stop_event.is_set():
+            pids = self._tree()
+            if self.gpus.handles:
+                self._sample_gpus(pids)
+            if i % RSS_EVERY_N_SAMPLES == 0:
+                self._sample_rss()
+            i += 1
+            self._stop_event.wait(SAMPLE_INTERVAL_S)
+
+    def _tree(self) -> set[int]:
+        import psutil
+
+        now = time.monotonic()
+        if now - self._procs_at > 0.5:
+            found: dict[int, Any] = {}
+            for pid in self.root_pids:
+                with contextlib.suppress(psutil.Error):
+                    root = psutil.Process(pid)
+                    for p in [root, *root.children(recursive=True)]:
+                        found[p.pid] = self._procs.get(p.pid, p)
+            self._procs, self._procs_at = found, now
+        return set(self._procs)
+
+    def _sample_gpus(self, pids: set[int]) -> None:
+        nvml = self.gpus.nvml
+        for g, h in enumerate(self.gpus.handles):
+            with contextlib.suppress(nvml.NVMLError):
+                self.peak_used[g] = max(self.peak_used[g], int(nvml.nvmlDeviceGetMemoryInfo(h).used))
+            try:
+                procs = nvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except nvml.NVMLError:
+                continue
+            mine = every = 0
+            for p in procs:
+                mem = p.usedGpuMemory
+                self.saw_processes = True
+                if mem is None:
+                    continue
+                self.proc_figure_available = True
+                every += int(mem)
+                if p.pid in pids:
+                    self.pid_matched = True
+                    mine += int(mem)
+            self.peak_proc[g] = max(self.peak_proc[g], mine)
+            self.peak_all_procs[g] = max(self.peak_all_procs[g], every)
+
+    def _sample_rss(self) -> None:
+        import psutil
+
+        total = 0
+        for p in list(self._procs.values()):
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+        self.peak_rss = max(self.peak_rss, total)
+
+    def nvml_figures(self, baseline: list[int]) -> dict[str, Any]:
+        if not self.gpus.handles:
+            return {"nvml_peak_bytes": None, "nvml_device_peak_bytes": None,
+                    "nvml_peak_bytes_per_gpu": None, "nvml_source": None}
+        if self.pid_matched:
+            per_gpu, source = self.peak_proc, "pid"
+        elif self.saw_processes and self.proc_figure_available:
+            # The pids NVML reports live in another pid namespace: on a machine of our own the
+            # only compute processes are the case's.
+            per_gpu, source = self.peak_all_procs, "all_processes"
+        else:
+            per_gpu, source = None, None
+        device = [max(0, u - b) for u, b in zip(self.peak_used, baseline, strict=True)]
+        return {"nvml_peak_bytes": max(per_gpu) if per_gpu else None,
+                "nvml_device_peak_bytes": max(device),
+                "nvml_peak_bytes_per_gpu": per_gpu, "nvml_source": source}
+
+
+# --------------------------------------------------------------------------- parent: one case
+
+
+@dataclass
+class RankRun:
+    rank: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    result: Path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child_env(rank: int, world: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(MULTICAST_OFF)
+    env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PYTHONUNBUFFERED": "1"})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _spawn_ranks(case_file: Path, world: int, case_dir: Path) -> list[RankRun]:
+    port = _free_port()
+    runs = []
+    for rank in range(world):
+        log, result = case_dir / f"rank{rank}.log", case_dir / f"rank{rank}.json"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.measure", "--child", str(case_file), "--rank", str(rank),
+                 "--result", str(result)],
+                cwd=REPO, env=_child_env(rank, world, port), stdout=fh, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        runs.append(RankRun(rank, proc, log, result))
+    return runs
+
+
+def _kill(runs: list[RankRun]) -> None:
+    for r in runs:
+        if r.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(r.proc.pid, signal.SIGKILL)
+    for r in runs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            r.proc.wait(timeout=10)
+
+
+def _wait(runs: list[RankRun], limit_s: float) -> str | None:
+    """Wait for every rank; returns "timeout" if the limit hit, else None. Kills stragglers."""
+    deadline = time.monotonic() + limit_s
+    failed_at: float | None = None
+    while True:
+        codes = [r.proc.poll() for r in runs]
+        if all(c is not None for c in codes):
+            return None
+        now = time.monotonic()
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = now
+        if failed_at is not None and now - failed_at > RANK_GRACE_S:
+            _kill(runs)
+            return None
+        if now > deadline:
+            _kill(runs)
+            return "timeout"
+        time.sleep(0.1)
+
+
+def _tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    # Long lines (a list of every known architecture, say) are cut so the start, which names the
+    # problem, survives.
+    kept = [ln if len(ln) <= 400 else ln[:400] + " ..." for ln in text.strip().splitlines()[-lines:]]
+    return "\n".join(kept)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _classify(runs: list[RankRun], results: list[dict[str, Any] | None], timed_out: bool,
+              budget_clamped: bool, limit_s: float) -> tuple[str, str | None]:
+    statuses = [r.get("status") if r else None for r in results]
+    if "oom" in statuses:
+        bad = statuses.index("oom")
+        return "oom", _tail(runs[bad].log)
+    if timed_out:
+        why = "budget: the wall-clock budget ran out" if budget_clamped else "timeout"
+        return "timeout", f"{why} after {limit_s:.0f} s\n{_tail(runs[0].log)}"
+    if all(s == "ok" for s in statuses) and all(r.proc.returncode == 0 for r in runs):
+        return "ok", None
+    for run, res in zip(runs, results, strict=True):
+        if res and res.get("status") == "ok" and run.proc.returncode == 0:
+            continue
+        tail = _tail(run.log)
+        if run.proc.returncode == -signal.SIGKILL and not res:
+            return "oom", f"host: rank {run.rank} was killed by SIGKILL (the kernel OOM killer?)\n{tail}"
+        if any(m in tail for m in OOM_MARKERS):
+            return "oom", tail
+        return "error", tail or f"rank {run.rank} exited with {run.proc.returncode}"
+    return "error", "no rank reported a result"
+
+
+def _merge_measured(results: list[dict[str, Any] | None], sampler: Sampler,
+                    baseline: list[int], spec: dict[str, Any]) -> dict[str, Any]:
+    got = [r for r in results if r]
+    tr = spec["training"]
+
+    def mx(key: str) -> int | None:
+        vals = [r[key] for r in got if r.get(key) is not None]
+        return max(vals) if vals else None
+
+    steps = next((r.get("step_seconds") for r in got if r.get("rank") == 0 and r.get("step_seconds")), None)
+    step_s = statistics.median(steps) if steps else None
+    tokens = tr["micro_batch_size"] * tr["seq_len"] * tr.get("gradient_accumulation_steps", 1) \
+        * spec["resources"]["num_gpus"]
+    phase_keys = ("after_init_allocated", "forward_backward_allocated_peak", "optimizer_step_allocated_peak")
+    phases = {k: max((r["phase_peaks"][k] for r in got if (r.get("phase_peaks") or {}).get(k) is not None),
+                     default=None) for k in phase_keys}
+    rss = [r["ru_maxrss_bytes"] for r in got if r.get("ru_maxrss_bytes")]
+    rank0 = next((r for r in got if r.get("rank") == 0), {})
+    return {
+        **sampler.nvml_figures(baseline),
+        "torch_max_allocated_bytes": mx("torch_max_allocated_bytes"),
+        "torch_max_reserved_bytes": mx("torch_max_reserved_bytes"),
+        "host_peak_rss_bytes": sum(rss) if rss else None,
+        "host_peak_rss_sampled_bytes": sampler.peak_rss or None,
+        "step_seconds": step_s,
+        "tokens_per_second": tokens / step_s if step_s else None,
+        "phase_peaks": phases,
+        "step_seconds_all": steps,
+        "init_seconds": rank0.get("init_seconds"),
+        "param_count": rank0.get("param_count"),
+        "trainable_param_count": rank0.get("trainable_param_count"),
+        "loss": rank0.get("loss"),
+        "partitioned_at_init": rank0.get("partitioned_at_init"),
+    }
+
+
+def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: float,
+             budget_clamped: bool, warmup_steps: int) -> dict[str, Any]:
+    t0 = time.monotonic()
+    spec = case.spec
+    record: dict[str, Any] = {"case": case.name, "spec": spec, "deepspeed_config": None, "status": "error",
+                              "error": None, "measured": None, "env": env, "wall_seconds": None}
+    try:
+        from planner.spec import JobSpec
+
+        JobSpec.model_validate(spec)
+        ds_config = build_ds_config(spec)
+    except Exception as exc:  # an invalid case is a recorded error, not a stopped run
+        record.update(error=f"invalid case: {exc}", wall_seconds=round(time.monotonic() - t0, 3))
+        return record
+    record["deepspeed_config"] = ds_config
+    case_dir = Path(tempfile.mkdtemp(prefix="case-", dir=work))
+    case_file = case_dir / "case.json"
+    ga = int(spec["training"].get("gradient_accumulation_steps", 1))
+    case_file.write_text(json.dumps({"name": case.name, "spec": spec, "ds_config": ds_config,
+                                     "warmup_micro_steps": warmup_steps * ga,
+                                     "measured_steps": case.measured_steps}))
+    baseline = gpus.used() if gpus.handles else []
+    runs = _spawn_ranks(case_file, int(spec["resources"]["num_gpus"]), case_dir)
+    sampler = Sampler(gpus, [r.proc.pid for r in runs])
+    sampler.start()
+    try:
+        timed_out = _wait(runs, limit_s) == "timeout"
+    finally:
+        _kill(runs)
+        sampler.stop()
+    results = [_read_json(r.result) for r in runs]
+    status, error = _classify(runs, results, timed_out, budget_clamped, limit_s)
+    record.update(status=status, error=error,
+                  measured=_merge_measured(results, sampler, baseline, spec),
+                  wall_seconds=round(time.monotonic() - t0, 3))
+    return record
+
+
+def with_machine_hardware(case: Case, gpus: Gpus, host_memory_bytes: int | None) -> Case:
+    """The case as run here: its hardware block describes this machine's GPUs."""
+    if not gpus.handles:
+        return case
+    spec = json.loads(json.dumps(case.spec))
+    hw = spec.setdefault("hardware", {})
+    hw.update(gpu_count=len(gpus.handles), gpu_memory_bytes=gpus.memory_bytes, gpu_name=gpus.name,
+              host_memory_bytes=host_memory_bytes or HOST_MEMORY_PER_GPU_BYTES * len(gpus.handles))
+    return Case(name=case.name, spec=spec, est_seconds=case.est_seconds,
+                measured_steps=case.measured_steps, group=case.group, expect=case.expect)
+
+
+# --------------------------------------------------------------------------- parent: ops + env
+
+
+def _needed_ops(cases: list[Case]) -> list[str]:
+    res = [c.spec["resources"] for c in cases]
+    ops = ["ShareMemCommBuilder"]  # the CPU backend builds it at init_distributed; skipped on CUDA
+    if any(r.get("offload_optimizer") == "cpu" for r in res):
+        ops.append("CPUAdamBuilder")
+    if any(r.get("offload_optimizer") != "cpu" for r in res):
+        ops.append("FusedAdamBuilder")
+    return ops
+
+
+def prebuild(ops: list[str], work: Path, limit_s: float) -> dict[str, Any]:
+    """Build (or load from TORCH_EXTENSIONS_DIR) each op in parallel processes; return versions."""
+    procs = []
+    for op in ops:
+        out = work / f"prebuild-{op}.json"
+        log = work / f"prebuild-{op}.log"
+        with open(log, "wb") as fh:
+            procs.append((op, out, log, subprocess.Popen(
+                [sys.executable, "-m", "bench.measure", "--prebuild", op, "--result", str(out)],
+                cwd=REPO, env=_child_env(0, 1, _free_port()), stdout=fh, stderr=subprocess.STDOUT,
+                start_new_session=True)))
+    versions: dict[str, Any] = {}
+    deadline = time.monotonic() + limit_s
+    for op, out, log, proc in procs:
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        info = _read_json(out)
+        if info is None:
+            print(f"  prebuild {op}: FAILED (rc {proc.returncode})\n{_tail(log, 15)}", flush=True)
+            continue
+        print(f"  prebuild {op}: {info['state']} in {info['seconds']:.0f} s", flush=True)
+        versions = versions or info["versions"]
+    return versions
+
+
+def env_info(gpus: Gpus, versions: dict[str, Any]) -> dict[str, Any]:
+    return {"gpu_name": gpus.name, "gpu_memory_bytes": gpus.memory_bytes, "gpu_count": len(gpus.handles),
+            "torch": versions.get("torch"), "cuda": versions.get("cuda"),
+            "deepspeed": versions.get("deepspeed"), "transformers": versions.get("transformers"),
+            "peft": versions.get("peft"), "host_memory_bytes": _host_memory_bytes(),
+            "driver": gpus.driver, "python": sys.version.split()[0],
+            "accelerator": versions.get("accelerator"),
+            "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
+
+
+# --------------------------------------------------------------------------- parent: main
+
+
+def load_cases(cases_file: str | None) -> list[Case]:
+    if cases_file is None:
+        return list(CASES)
+    return [Case.from_json(d) for d in json.loads(Path(cases_file).read_text())]
+
+
+def done_cases(out: Path) -> set[str]:
+    """Cases with a final record; a case stopped because the budget ran out is not final."""
+    done: set[str] = set()
+    if not out.exists():
+        return done
+    for line in out.read_text().splitlines():
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            rec = json.loads(line)
+            budget_stop = rec["status"] == "timeout" and str(rec.get("error") or "").startswith("budget")
+            if not budget_stop:
+                done.add(rec["case"])
+    return done
+
+
+def default_out(gpus: Gpus) -> Path:
+    hw = re.sub(r"[^a-z0-9]+", "-", (gpus.name or "cpu").lower()).strip("-")
+    return REPO / "bench" / "results" / f"{hw}-x{max(1, len(gpus.handles))}-{_dt.date.today():%Y%m%d}.jsonl"
+
+
+def append_record(out: Path, record: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a") as fh:
+        fh.write(json.dumps(record, sort_keys=False) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _gb(v: Any) -> str:
+    return f"{v / 1e9:6.2f}" if isinstance(v, (int, float)) else "     -"
+
+
+def progress_line(i: int, n: int, elapsed: float, rec: dict[str, Any], est: float) -> str:
+    m = rec.get("measured") or {}
+    step = m.get("step_seconds")
+    tps = m.get("tokens_per_second")
+    return (f"[{i:2d}/{n} {elapsed:5.0f}s] {rec['status']:7s} nvml {_gb(m.get('nvml_peak_bytes'))} GB"
+            f" dev {_gb(m.get('nvml_device_peak_bytes'))} alloc {_gb(m.get('torch_max_allocated_bytes'))}"
+            f" rss {_gb(m.get('host_peak_rss_bytes'))}"
+            f" step {step if step is None else round(step, 3)} s"
+            f" tok/s {tps if tps is None else round(tps)}"
+            f" wall {rec['wall_seconds']:.0f}/{est:.0f}s  {rec['case']}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.measure", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, help="JSONL file the records are appended to "
+                   "(default bench/results/<gpu>-x<count>-<date>.jsonl)")
+    p.add_argument("--budget-seconds", type=float, default=None, help="wall-clock budget for the whole run")
+    p.add_argument("--resume", action="store_true", help="skip cases that already have a record in --out")
+    p.add_argument("--only", default=None, help="run only cases whose name matches this regex")
+    p.add_argument("--max-gpus", type=int, default=None, help="skip cases needing more GPUs "
+                   "(default: the GPUs NVML sees, 1 without a GPU)")
+    p.add_argument("--list", action="store_true", help="print the selected cases and exit")
+    p.add_argument("--cases-file", default=None, help="JSON list of cases to run instead of the matrix")
+    p.add_argument("--steps", type=int, default=None, help="measured optimizer steps (default: per case)")
+    p.add_argument("--warmup-steps", type=int, default=WARMUP_OPTIMIZER_STEPS,
+                   help="warm-up optimizer steps before measuring")
+    p.add_argument("--timeout-factor", type=float, default=3.0,
+                   help="per-case limit = max(90 s, factor x estimate)")
+    p.add_argument("--host-memory-bytes", type=int, default=None,
+                   help="host RAM recorded in each spec's hardware (default 128 GiB per GPU)")
+    p.add_argument("--work-dir", type=Path, default=None, help="where per-case logs go (default: a temp dir)")
+    return p.parse_args(argv)
+
+
+def select(cases: list[Case], args: argparse.Namespace, max_gpus: int) -> list[Case]:
+    rx = re.compile(args.only) if args.only else None
+    chosen = [c for c in cases if (rx is None or rx.search(c.name)) and c.num_gpus <= max_gpus]
+    if args.steps is not None:
+        chosen = [Case(name=c.name, spec=c.spec, est_seconds=c.est_seconds, measured_steps=args.steps,
+                       group=c.group, expect=c.expect) for c in chosen]
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.monotonic()
+    args = parse_args(argv)
+    gpus = Gpus.discover()
+    max_gpus = args.max_gpus if args.max_gpus is not None else max(1, len(gpus.handles))
+    out = args.out or default_out(gpus)
+    chosen = select(load_cases(args.cases_file), args, max_gpus)
+    done = done_cases(out) if args.resume else set()
+    if args.list:
+        for c in chosen:
+            mark = "done" if c.name in done else ""
+            print(f"{c.group:5s} {c.est_seconds:6.0f}s gpus={c.num_gpus} {mark:4s} {c.name}")
+        print(f"{len(chosen)} cases, {sum(c.est_seconds for c in chosen):.0f} s estimated")
+        return 0
+    todo = [c for c in chosen if c.name not in done]
+    print(f"{len(todo)} cases to run ({len(chosen) - len(todo)} already recorded) -> {out}", flush=True)
+    if not todo:
+        return 0
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="tunebox-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    budget = args.budget_seconds if args.budget_seconds is not None else float("inf")
+    versions = prebuild(_needed_ops(todo), work, min(900.0, budget))
+    env = env_info(gpus, versions)
+    counts = _run_all(todo, args, env, gpus, work, out, start, budget)
+    print(f"done in {time.monotonic() - start:.0f} s: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+          + f"; records in {out}; logs in {work}", flush=True)
+    return 0
+
+
+def _run_all(todo: list[Case], args: argparse.Namespace, env: dict[str, Any], gpus: Gpus, work: Path,
+             out: Path, start: float, budget: float) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    ratios: list[float] = []  # actual / estimated wall time, to correct later estimates
+    for i, case in enumerate(todo, 1):
+        remaining = budget - (time.monotonic() - start)
+        scale = min(3.0, max(0.5, statistics.median(ratios))) if ratios else 1.0
+        if case.est_seconds * scale > remaining:
+            print(f"[{i:2d}/{len(todo)}] skip (est {case.est_seconds * scale:.0f} s > {remaining:.0f} s left)"
+                  f"  {case.name}", flush=True)
+            counts["skipped"] = counts.get("skipped", 0) + 1
+            continue
+        own_limit = max(90.0, args.timeout_factor * case.est_seconds)
+        limit = min(own_limit, remaining)
+        run = with_machine_hardware(case, gpus, args.host_memory_bytes)
+        rec = run_case(run, env, gpus, work, limit, limit < own_limit, args.warmup_steps)
+        append_record(out, rec)
+        if rec["status"] in ("ok", "oom"):
+            ratios.append(rec["wall_seconds"] / case.est_seconds)
+        counts[rec["status"]] = counts.get(rec["status"], 0) + 1
+        print(progress_line(i, len(todo), time.monotonic() - start, rec, case.est_seconds), flush=True)
+        if rec["status"] != "ok" and rec["error"]:
+            print("      " + rec["error"].strip().splitlines()[-1][:300], flush=True)
+    return counts
+
+
+# --------------------------------------------------------------------------- children
+
+
+def prebuild_main(op: str, result: Path) -> int:
+    t0 = time.perf_counter()
+    import deepspeed
+    import peft
+    import torch
+    import transformers
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    builder = acc.create_op_builder(op)
+    if builder is None or not builder.is_compatible(verbose=False):
+        state = "not used here"
+    else:
+        builder.load(verbose=False)
+        state = "ready"
+    versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "deepspeed": deepspeed.__version__,
+                "transformers": transformers.__version__, "peft": peft.__version__,
+                "accelerator": acc.device_name()}
+    result.write_text(json.dumps({"op": op, "state": state, "seconds": time.perf_counter() - t0,
+                                  "versions": versions}))
+    return 0
+
+
+class _Peaks:
+    """Running max of torch's allocator peaks across resets (the phases reset them)."""
+
+    def __init__(self, torch: Any, cuda: bool) -> None:
+        self.torch, self.cuda = torch, cuda
+        self.allocated = 0
+        self.reserved = 0
+
+    def fold(self) -> None:
+        if self.cuda:
+            self.allocated = max(self.allocated, int(self.torch.cuda.max_memory_allocated()))
+            self.reserved = max(self.reserved, int(self.torch.cuda.max_memory_reserved()))
+
+    def reset(self) -> None:
+        self.fold()
+        if self.cuda:
+            self.torch.cuda.reset_peak_memory_stats()
+
+    def since_reset(self) -> int | None:
+        return int(self.torch.cuda.max_memory_allocated()) if self.cuda else None
+
+
+_KEEP_ALIVE: list[Any] = []  # HfDeepSpeedConfig must outlive model construction (weakref inside HF)
+
+
+def _build_model(spec: dict[str, Any], ds_config: dict[str, Any], device: Any, cuda: bool) -> Any:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(spec["model"]["config"])
+    model_type = cfg.pop("model_type")
+    config = AutoConfig.for_model(model_type, **cfg)
+    config.use_cache = False
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+        spec["training"].get("precision", "bf16")]
+    if spec["resources"]["zero_stage"] == 3:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        # Partitioned at construction by zero.Init, as the service's trainer loads ZeRO-3 models.
+        _KEEP_ALIVE.append(HfDeepSpeedConfig(ds_config))
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    ctx = torch.device(device) if cuda else contextlib.nullcontext()
+    with ctx:  # random init straight on the GPU; on the CPU it is slow
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+
+
+def _prepare(model: Any, spec: dict[str, Any]) -> Any:
+    lora = spec.get("method", "lora") == "lora"
+    if spec["training"]["gradient_checkpointing"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora:
+            model.enable_input_require_grads()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        lc = spec.get("lora") or {}
+        model = get_peft_model(model, LoraConfig(
+            r=lc.get("r", 16), lora_alpha=lc.get("alpha", 32), lora_dropout=lc.get("dropout", 0.05),
+            target_modules=list(lc.get("target_modules", ["q_proj", "k_proj", "v_proj", "o_proj"])),
+            task_type="CAUSAL_LM"))
+    return model
+
+
+def _count(model: Any) -> tuple[int, int]:
+    total = trainable = 0
+    for p in model.parameters():
+        n = int(getattr(p, "ds_numel", p.numel()))
+        total += n
+        trainable += n if p.requires_grad else 0
+    return total, trainable
+
+
+def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
+    import deepspeed
+    import torch
+
+    spec, ds_config = job["spec"], job["ds_config"]
+    rank = int(os.environ.get("RANK", "0"))
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    peaks = _Peaks(torch, cuda)
+    result["peaks"] = peaks
+    deepspeed.init_distributed()
+    t_init = time.perf_counter()
+    model = _prepare(_build_model(spec, ds_config, device, cuda), spec)
+    result["param_count"], result["trainable_param_count"] = _count(model)
+    result["partitioned_at_init"] = any(hasattr(p, "ds_id") for p in model.parameters())
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config,
+                                      model_parameters=[p for p in model.parameters() if p.requires_grad])
+    result["init_seconds"] = round(time.perf_counter() - t_init, 3)
+    phases = result["phase_peaks"]
+    phases["after_init_allocated"] = int(torch.cuda.memory_allocated()) if cuda else None
+
+    vocab = int(spec["model"]["config"]["vocab_size"])
+    tr = spec["training"]
+    shape = (int(tr["micro_batch_size"]), int(tr["seq_len"]))
+    torch.manual_seed(1234 + rank)
+
+    def micro_step(before_step: Callable[[], None] | None = None) -> Any:
+        ids = torch.randint(0, vocab, shape, device=engine.device)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        if before_step:
+            before_step()
+        engine.step()
+        return loss.detach()
+
+    for _ in range(int(job["warmup_micro_steps"])):
+        micro_step()
+    result["step_seconds"] = _measure(job, engine, micro_step, peaks, phases, cuda, torch, result)
+
+
+def _measure(job: dict[str, Any], engine: Any, micro_step: Callable[..., Any], peaks: _Peaks,
+             phases: dict[str, Any], cuda: bool, torch: Any, result: dict[str, Any]) -> list[float]:
+    """Median-able wall times of the measured optimizer steps; the last one also records phase peaks."""
+    ga = int(engine.gradient_accumulation_steps())
+    steps = int(job["measured_steps"])
+    times: list[float] = []
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def end_of_backward() -> None:
+        phases["forward_backward_allocated_peak"] = peaks.since_reset()
+        peaks.reset()
+
+    for s in range(steps):
+        last = s == steps - 1
+        sync()
+        if last:
+            peaks.reset()
+        t0 = time.perf_counter()
+        for m in range(ga):
+            hook = end_of_backward if last and m == ga - 1 else None
+            loss = micro_step(hook)
+        sync()
+        times.append(time.perf_counter() - t0)
+        result["loss"] = float(loss.float().item())
+        if last:
+            phases["optimizer_step_allocated_peak"] = peaks.since_reset()
+    return times
+
+
+def _is_oom(exc: BaseException) -> bool:
+    name = type(exc).__name__
+    return name == "OutOfMemoryError" or any(m in str(exc) for m in OOM_MARKERS)
+
+
+def child_main(case_file: Path, rank: int, result_path: Path) -> int:
+    job = json.loads(case_file.read_text())
+    result: dict[str, Any] = {"rank": rank, "status": "error", "error": None,
+                              "phase_peaks": {"after_init_allocated": None,
+                                              "forward_backward_allocated_peak": None,
+                                              "optimizer_step_allocated_peak": None}}
+    try:
+        _train(job, result)
+        result["status"] = "ok"
+    except BaseException as exc:  # every failure becomes a result the parent can classify
+        result["status"] = "oom" if _is_oom(exc) else "error"
+        result["error"] = "".join(traceback.format_exception(exc))[-4000:]
+        traceback.print_exc()
+    finally:
+        _finish(result, result_path)
+    # Skip interpreter teardown: NCCL and DeepSpeed destructors can hang after a failure.
+    os._exit(0 if result["status"] == "ok" else 3)
+
+
+def _finish(result: dict[str, Any], result_path: Path) -> None:
+    import resource
+
+    peaks = result.pop("peaks", None)
+    if peaks is not None:
+        with contextlib.suppress(Exception):
+            peaks.fold()
+        result["torch_max_allocated_bytes"] = peaks.allocated if peaks.cuda else None
+        result["torch_max_reserved_bytes"] = peaks.reserved if peaks.cuda else None
+    result["ru_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _dispatch(argv: list[str]) -> int:
+    if argv[:1] == ["--child"]:
+        p = argparse.ArgumentParser()
+        p.add_argument("--child", type=Path, required=True)
+        p.add_argument("--rank", type=int, required=True)
+        p.add_argument("--result", type=Path, required=True)
+        a = p.parse_args(argv)
+        return child_main(a.child, a.rank, a.result)
+    if argv[:1] == ["--prebuild"]:
+        p = argparse.ArgumentParser()
+        p.add_argument("--prebuild", required=True)
+        p.add_argument("--result", type=Path, required=True)
+        a = p.parse_args(argv)
+        return prebuild_main(a.prebuild, a.result)
+    return main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(_dispatch(sys.argv[1:]))

@@ -1,0 +1,106 @@
+"""The benchmark matrix: valid job specs, names that say what they run, a core group that fits."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench.cases import CASES, MODELS, Case, make_case, param_count
+from planner.spec import JobSpec
+
+NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora)\|z(?P<stage>[0-3])\|"
+                  r"off=(?P<off>none|opt|opt\+param)\|(?P<ckpt>ckpt|nockpt)\|s(?P<seq>\d+)\|"
+                  r"mb(?P<mb>\d+)\|g(?P<ga>\d+)(\|gpus(?P<gpus>\d+))?$")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_case_is_a_valid_job_spec(case: Case) -> None:
+    spec = JobSpec.model_validate(case.spec)
+    assert spec.model.config is not None
+    assert spec.resources.zero_stage in (0, 1, 2, 3)
+    assert case.est_seconds > 0
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_name_says_what_the_case_runs(case: Case) -> None:
+    m = NAME.match(case.name)
+    assert m, case.name
+    tr, res = case.spec["training"], case.spec["resources"]
+    assert case.spec["model"]["config"] == MODELS[m["model"]]
+    assert case.spec["method"] == m["method"]
+    assert res["zero_stage"] == int(m["stage"])
+    off = {"none": ("none", "none"), "opt": ("cpu", "none"), "opt+param": ("cpu", "cpu")}[m["off"]]
+    assert (res["offload_optimizer"], res["offload_param"]) == off
+    assert tr["gradient_checkpointing"] is (m["ckpt"] == "ckpt")
+    assert (tr["seq_len"], tr["micro_batch_size"], tr["gradient_accumulation_steps"]) == (
+        int(m["seq"]), int(m["mb"]), int(m["ga"]))
+    assert res["num_gpus"] == int(m["gpus"] or 1)
+
+
+def test_matrix_spans_the_space() -> None:
+    assert 25 <= len(CASES) <= 40
+    assert len({c.name for c in CASES}) == len(CASES)
+    spans = {
+        "model": {c.name.split("|")[0] for c in CASES},
+        "method": {c.spec["method"] for c in CASES},
+        "stage": {c.spec["resources"]["zero_stage"] for c in CASES},
+        "offload": {(c.spec["resources"]["offload_optimizer"], c.spec["resources"]["offload_param"])
+                    for c in CASES},
+        "ckpt": {c.spec["training"]["gradient_checkpointing"] for c in CASES},
+        "gpus": {c.num_gpus for c in CASES},
+    }
+    assert spans["model"] == set(MODELS)
+    assert spans["method"] == {"full", "lora"}
+    assert spans["stage"] == {0, 2, 3}
+    assert spans["offload"] == {("none", "none"), ("cpu", "none"), ("cpu", "cpu")}
+    assert spans["ckpt"] == {True, False}
+    assert spans["gpus"] == {1, 2}
+    seqs = {c.spec["training"]["seq_len"] for c in CASES}
+    assert min(seqs) == 512 and max(seqs) == 4096
+
+
+def test_core_group_comes_first_and_fits_eight_minutes_on_one_gpu() -> None:
+    groups = [c.group for c in CASES]
+    n_core = groups.count("core")
+    assert 12 <= n_core <= 16
+    assert groups[:n_core] == ["core"] * n_core
+    core = CASES[:n_core]
+    assert all(c.num_gpus == 1 and c.expect == "ok" for c in core)
+    assert sum(c.est_seconds for c in core) <= 480
+
+
+def test_what_cannot_fit_is_left_out() -> None:
+    for c in CASES:
+        res = c.spec["resources"]
+        full_7b = c.name.startswith("qwen2.5-7b|full")
+        # 7B full fine-tuning with optimizer and parameters on the host needs more than its RAM.
+        assert not (full_7b and res["offload_param"] == "cpu"), c.name
+        if full_7b and c.num_gpus == 1:
+            assert c.expect == "oom", c.name
+    assert [c.name for c in CASES if c.expect == "oom"] == ["qwen2.5-7b|full|z0|off=none|nockpt|s4096|mb4|g1"]
+
+
+def test_real_architectures_have_their_published_sizes() -> None:
+    # Parameter counts as published on each model card.
+    expected = {"qwen2.5-0.5b": 0.49e9, "qwen2.5-1.5b": 1.54e9, "qwen2.5-3b": 3.09e9,
+                "qwen2.5-7b": 7.61e9, "llama-3.2-1b": 1.24e9}
+    for name, n in expected.items():
+        assert param_count(MODELS[name]) == pytest.approx(n, rel=0.01), name
+    assert MODELS["qwen2.5-7b"]["vocab_size"] == 152064 and not MODELS["qwen2.5-7b"]["tie_word_embeddings"]
+    assert MODELS["qwen2.5-0.5b"]["vocab_size"] == 151936 and MODELS["qwen2.5-0.5b"]["tie_word_embeddings"]
+
+
+def test_estimates_grow_with_the_work() -> None:
+    small = make_case("qwen2.5-0.5b", "full", 3, "none", True, 1024, 2, 1)
+    longer = make_case("qwen2.5-0.5b", "full", 3, "none", True, 1024, 2, 8)
+    offload = make_case("qwen2.5-0.5b", "full", 3, "opt", True, 1024, 2, 1)
+    bigger = make_case("qwen2.5-7b", "full", 3, "none", True, 1024, 2, 1, gpus=2)
+    assert small.est_seconds < longer.est_seconds
+    assert small.est_seconds < offload.est_seconds
+    assert small.est_seconds < bigger.est_seconds
+
+
+def test_parameter_offload_without_zero3_is_refused() -> None:
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        make_case("qwen2.5-0.5b", "full", 2, "opt+param", True, 1024, 2, 1)

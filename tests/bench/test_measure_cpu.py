@@ -1,0 +1,122 @@
+"""End to end on the CPU: the harness trains a tiny ZeRO-3 + CPU-offload case in a fresh process,
+records it, records a crashing case as an error without stopping, and --resume skips both."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.measure import build_ds_config
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+              "max_position_embeddings": 256, "tie_word_embeddings": True}
+
+
+def _tiny_case(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    spec = {
+        "name": name, "model": {"config": config}, "method": "full",
+        "training": {"max_steps": 4, "micro_batch_size": 2, "gradient_accumulation_steps": 2, "seq_len": 32,
+                     "gradient_checkpointing": True, "precision": "bf16", "optimizer": "adamw"},
+        "resources": {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "none",
+                      "deepspeed": {"stage3_param_persistence_threshold": 0}},
+        "hardware": {"gpu_count": 1, "gpu_memory_bytes": 2**30, "host_memory_bytes": 8 * 2**30},
+    }
+    return {"name": name, "spec": spec, "est_seconds": 60, "measured_steps": 2}
+
+
+def _harness(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
+    env.setdefault("TORCH_EXTENSIONS_DIR", "/work/.torch_ext" if Path("/work").is_dir() else str(tmp / "ext"))
+    return subprocess.run([sys.executable, "-m", "bench.measure", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("bench")
+    broken = copy.deepcopy(TINY_LLAMA)
+    broken["model_type"] = "no-such-architecture"
+    cases = [_tiny_case("crashes", broken), _tiny_case("tiny|full|z3|off=opt|ckpt|s32|mb2|g2", TINY_LLAMA)]
+    (tmp / "cases.json").write_text(json.dumps(cases))
+    out = tmp / "out.jsonl"
+    t0 = time.monotonic()
+    proc = _harness(tmp, "--cases-file", str(tmp / "cases.json"), "--out", str(out),
+                    "--budget-seconds", "540", "--work-dir", str(tmp / "work"))
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    return {"tmp": tmp, "out": out, "cases": cases, "proc": proc, "wall": wall,
+            "records": {r["case"]: r for r in records}, "lines": len(records)}
+
+
+def test_tiny_case_records_ok_with_host_figures(run: dict[str, Any]) -> None:
+    rec = run["records"]["tiny|full|z3|off=opt|ckpt|s32|mb2|g2"]
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["error"] is None
+    m = rec["measured"]
+    assert m["host_peak_rss_bytes"] > 50 * 2**20
+    assert m["host_peak_rss_sampled_bytes"] > 50 * 2**20
+    assert m["step_seconds"] > 0
+    assert m["tokens_per_second"] == pytest.approx(2 * 32 * 2 / m["step_seconds"])
+    assert len(m["step_seconds_all"]) == 2
+    assert m["partitioned_at_init"] is True  # built under zero.Init, as the ZeRO-3 trainer does
+    assert m["param_count"] > 0 and m["trainable_param_count"] == m["param_count"]
+    assert 3.0 < m["loss"] < 9.0  # ~ln(512) for random tokens on a random model
+    for key in ("nvml_peak_bytes", "nvml_device_peak_bytes", "torch_max_allocated_bytes",
+                "torch_max_reserved_bytes"):
+        assert m[key] is None, key
+    assert all(v is None for v in m["phase_peaks"].values())
+    assert rec["wall_seconds"] > 0
+
+
+def test_record_carries_spec_config_and_env(run: dict[str, Any]) -> None:
+    rec = run["records"]["tiny|full|z3|off=opt|ckpt|s32|mb2|g2"]
+    case = run["cases"][1]
+    assert rec["spec"] == case["spec"]
+    assert rec["deepspeed_config"] == build_ds_config(case["spec"])
+    assert rec["deepspeed_config"]["zero_optimization"]["stage3_param_persistence_threshold"] == 0
+    env = rec["env"]
+    assert env["gpu_count"] == 0 and env["gpu_name"] is None
+    assert env["torch"] and env["deepspeed"] and env["transformers"] and env["peft"]
+    assert env["host_memory_bytes"] > 2**30
+    assert set(rec) == {"case", "spec", "deepspeed_config", "status", "error", "measured", "env",
+                        "wall_seconds"}
+
+
+def test_crashing_case_is_an_error_and_the_run_goes_on(run: dict[str, Any]) -> None:
+    assert run["lines"] == 2
+    rec = run["records"]["crashes"]
+    assert rec["status"] == "error"
+    assert "no-such-architecture" in rec["error"]
+    assert "2 cases to run" in run["proc"].stdout
+    assert run["proc"].stdout.count("] ok ") + run["proc"].stdout.count("] error ") == 2
+
+
+def test_resume_skips_what_is_recorded(run: dict[str, Any]) -> None:
+    tmp = run["tmp"]
+    proc = _harness(tmp, "--cases-file", str(tmp / "cases.json"), "--out", str(run["out"]), "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert "0 cases to run (2 already recorded)" in proc.stdout
+    assert len(run["out"].read_text().splitlines()) == 2
+
+
+def test_budget_too_small_skips_without_a_record(run: dict[str, Any]) -> None:
+    tmp = run["tmp"]
+    out = tmp / "budget.jsonl"
+    proc = _harness(tmp, "--cases-file", str(tmp / "cases.json"), "--out", str(out), "--budget-seconds", "1",
+                    "--only", "tiny")
+    assert proc.returncode == 0, proc.stderr
+    assert "skip (est" in proc.stdout
+    assert not out.exists()
+    print(f"CPU end-to-end harness run: {run['wall']:.0f} s")
