@@ -1,0 +1,1 @@
+"""Private helpers of the training and evaluation processes (torch is imported only inside functions)."""

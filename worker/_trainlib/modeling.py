@@ -1,0 +1,143 @@
+"""Loading the tokenizer and model from a local folder, LoRA, and the pre-flight device checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from worker._trainlib.runfile import ERROR, USER_ERROR, JobFailure, classify
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json",
+                    "spiece.model", "vocab.txt")
+
+
+def torch_dtype(precision: str, device: str) -> Any:
+    import torch
+
+    if device == "cpu" and precision == "fp16":
+        return torch.float32  # half matmuls are missing or very slow on the CPU
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
+
+
+def check_model_folder(path: Path) -> None:
+    if not path.is_dir():
+        raise JobFailure(USER_ERROR, "bad_model", f"model folder not found: {path}")
+    if not (path / "config.json").is_file():
+        raise JobFailure(USER_ERROR, "bad_model",
+                         f"{path} has no config.json (not a Hugging Face model folder)")
+
+
+def _reraise_resource_failure(exc: BaseException) -> None:
+    failure = classify(exc)
+    if failure.reason in ("cuda_oom", "host_oom", "disk_full"):
+        raise failure from exc
+
+
+def load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise JobFailure(USER_ERROR, "missing_tokenizer", f"{path} has no tokenizer files")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        _reraise_resource_failure(exc)
+        raise JobFailure(USER_ERROR, "missing_tokenizer",
+                         f"cannot load the tokenizer of {path}: {exc}") from exc
+
+
+def load_causal_lm(path: Path, dtype: Any, **kwargs: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    check_model_folder(path)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs)
+    except Exception as exc:
+        _reraise_resource_failure(exc)
+        raise JobFailure(USER_ERROR, "bad_model", f"cannot load the model in {path}: {exc}") from exc
+
+
+def check_qlora(device: str) -> None:
+    """QLoRA needs bitsandbytes and a GPU; refuse before loading anything otherwise."""
+    if device != "cuda":
+        raise JobFailure(USER_ERROR, "qlora_unavailable", "method qlora needs a CUDA GPU (this run is on "
+                         f"{device}); use method lora")
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as exc:
+        raise JobFailure(USER_ERROR, "qlora_unavailable", "method qlora needs bitsandbytes, which does not "
+                         f"import here ({type(exc).__name__}: {exc}); use method lora") from exc
+
+
+def qlora_kwargs(dtype: Any) -> dict[str, Any]:
+    from transformers import BitsAndBytesConfig
+
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=dtype)
+    return {"quantization_config": quant, "device_map": {"": int(os.environ.get("LOCAL_RANK", "0"))}}
+
+
+def enable_checkpointing(model: Any, lora: bool) -> None:
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        # frozen embeddings give checkpointed blocks inputs without grad; LoRA needs them to have it
+        model.enable_input_require_grads()
+
+
+def apply_lora(model: Any, lora: Any) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        raise JobFailure(USER_ERROR, "bad_lora_targets", f"lora.target_modules: {exc}") from exc
+
+
+def _normalise_uuid(uuid: str) -> str:
+    uuid = uuid.strip().lower()
+    return uuid[4:] if uuid.startswith("gpu-") else uuid
+
+
+def visible_gpu_uuids() -> list[str]:
+    """UUIDs of the GPUs this process sees, in CUDA order, via NVML and CUDA_VISIBLE_DEVICES."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    count = pynvml.nvmlDeviceGetCount()
+    every = [_as_str(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [_normalise_uuid(u) for u in every]
+    out = []
+    for item in (v.strip() for v in visible.split(",") if v.strip()):
+        if item.isdigit():
+            out.append(_normalise_uuid(every[int(item)]))
+        else:
+            out.append(_normalise_uuid(item))
+    return out
+
+
+def _as_str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def check_gpus(expected: str | None) -> None:
+    """With TUNEBOX_EXPECTED_GPU_UUIDS set, the visible GPUs must be exactly the leased ones."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise JobFailure(ERROR, "no_gpu", "the plan needs CUDA but torch sees no GPU")
+    if not expected:
+        return
+    want = {_normalise_uuid(u) for u in expected.split(",") if u.strip()}
+    try:
+        seen = visible_gpu_uuids()
+    except Exception as exc:
+        raise JobFailure(ERROR, "gpu_mismatch",
+                         f"cannot list GPUs with NVML to check the lease: {exc}") from exc
+    if set(seen) != want or len(seen) != torch.cuda.device_count():
+        raise JobFailure(ERROR, "gpu_mismatch",
+                         f"visible GPUs {sorted(seen)} are not the leased {sorted(want)}")

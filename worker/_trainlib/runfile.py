@@ -1,0 +1,139 @@
+"""The job folder's contract: ``run.json`` in, ``failure.json`` out, and the exit codes.
+
+``run.json``::
+
+    {"job_id": str, "spec": <JobSpec JSON>, "model_path": str, "dataset_path": str,
+     "resolved": {"micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
+                  "zero_stage", "offload_optimizer", "offload_param", "num_gpus", "precision"},
+     "deepspeed_config": {...}, "device": "cuda" | "cpu"}
+
+``failure.json``: ``{"kind": "user_error" | "error", "reason": str, "message": str}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.spec import JobSpec
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USER_ERROR = 2
+EXIT_CUDA_OOM = 3
+EXIT_HOST_OOM = 4
+EXIT_DISK_FULL = 5
+EXIT_TERMINATED = 143
+
+USER_ERROR = "user_error"
+ERROR = "error"
+
+
+class JobFailure(Exception):
+    """A failure whose cause is known: who is at fault and a machine-readable reason."""
+
+    def __init__(self, kind: str, reason: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.reason = reason
+        self.message = message
+
+    @property
+    def exit_code(self) -> int:
+        codes = {"cuda_oom": EXIT_CUDA_OOM, "host_oom": EXIT_HOST_OOM, "disk_full": EXIT_DISK_FULL}
+        if self.reason in codes:
+            return codes[self.reason]
+        return EXIT_USER_ERROR if self.kind == USER_ERROR else EXIT_ERROR
+
+
+class Terminated(BaseException):
+    """Raised from the SIGTERM handler; BaseException so that no ``except Exception`` swallows it."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    gradient_checkpointing: bool
+    zero_stage: int
+    offload_optimizer: str
+    offload_param: str
+    num_gpus: int
+    precision: str
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    job_dir: Path
+    job_id: str
+    spec: JobSpec
+    model_path: Path
+    dataset_path: Path
+    resolved: Resolved
+    deepspeed_config: dict[str, Any]
+    device: str
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.job_dir / "checkpoints"
+
+    @property
+    def progress_path(self) -> Path:
+        return self.job_dir / "progress.jsonl"
+
+    @property
+    def eval_split_path(self) -> Path:
+        return self.job_dir / "eval_split.jsonl"
+
+
+def load_run(job_dir: Path) -> RunConfig:
+    """Read and check ``job_dir/run.json``; a bad file is the system's fault (the worker wrote it)."""
+    path = job_dir / "run.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        resolved = raw["resolved"]
+        return RunConfig(
+            job_dir=job_dir,
+            job_id=str(raw["job_id"]),
+            spec=JobSpec.model_validate(raw["spec"]),
+            model_path=Path(raw["model_path"]),
+            dataset_path=Path(raw["dataset_path"]),
+            resolved=Resolved(**{k: resolved[k] for k in Resolved.__dataclass_fields__}),
+            deepspeed_config=dict(raw.get("deepspeed_config") or {}),
+            device=str(raw.get("device", "cuda")),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise JobFailure(ERROR, "bad_run_file", f"cannot use {path}: {exc}") from exc
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_failure(job_dir: Path, failure: JobFailure) -> None:
+    # a full disk must not hide the exit code, which still says what happened
+    with contextlib.suppress(OSError):
+        write_json_atomic(job_dir / "failure.json",
+                          {"kind": failure.kind, "reason": failure.reason, "message": failure.message[:4000]})
+
+
+def classify(exc: BaseException) -> JobFailure:
+    """Map an unexpected exception to a failure kind and reason."""
+    if isinstance(exc, JobFailure):
+        return exc
+    if type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("torch"):
+        return JobFailure(ERROR, "cuda_oom", f"CUDA out of memory: {exc}")
+    if isinstance(exc, MemoryError):
+        return JobFailure(ERROR, "host_oom", f"host out of memory: {exc}")
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return JobFailure(ERROR, "disk_full", f"disk full: {exc}")
+    if isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower() and "CUDA" in str(exc):
+        return JobFailure(ERROR, "cuda_oom", f"CUDA out of memory: {exc}")
+    return JobFailure(ERROR, "error", f"{type(exc).__name__}: {exc}")

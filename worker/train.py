@@ -1,0 +1,350 @@
+"""The training process: ``python -m worker.train --job-dir DIR`` (one process per GPU).
+
+Run by the worker's launcher or the ``deepspeed`` launcher; the rank comes from ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``. It reads ``DIR/run.json``
+(see ``worker/_trainlib/runfile.py``), trains with DeepSpeed, and writes:
+
+- ``DIR/progress.jsonl`` (rank 0, one flushed JSON object per line, each with ``type`` and ``time``):
+  ``start`` {total_steps, start_step, resumed_from, pid, world_size, train_rows, eval_rows,
+  trainable_params}; ``progress`` every optimizer step {step, total_steps, epoch, loss, lr,
+  tokens_per_second, samples_per_second, peak_gpu_bytes, nvml_peak_bytes (when NVML sees this
+  pid), host_rss_bytes, host_cpu_percent, eta_seconds}; ``checkpoint`` {step, path}; ``done``
+  {step, final_path, peak_gpu_bytes, host_peak_rss_bytes}; ``stopped`` {step, signal} on SIGTERM.
+  GPU byte figures are null on the CPU.
+- ``DIR/eval_split.jsonl``: the held-out rows, ``{"format", "messages"}`` per line, for
+  ``worker.evaluate``.
+- ``DIR/checkpoints/step-N/`` (see ``worker/_trainlib/checkpoint.py``), complete or absent.
+  A rerun resumes from the newest one, continuing the step count and the data order.
+- ``DIR/failure.json`` {kind, reason, message} on failure.
+
+Exit codes: 0 done; 1 error (system fault); 2 user_error (bad_dataset, bad_model,
+missing_tokenizer, qlora_unavailable, bad_lora_targets); 3 cuda_oom; 4 host_oom; 5 disk_full;
+143 stopped by SIGTERM (no failure.json; a checkpoint being written is discarded, never left half).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from worker._trainlib import checkpoint as ckpt
+from worker._trainlib.data import (
+    Example,
+    MicroBatchOrder,
+    collate,
+    encode_all,
+    pad_id,
+    split_rows,
+    total_steps,
+    write_eval_split,
+)
+from worker._trainlib.progress import Meter, ProgressLog, host_peak_rss_bytes
+from worker._trainlib.runfile import (
+    EXIT_OK,
+    EXIT_TERMINATED,
+    USER_ERROR,
+    JobFailure,
+    RunConfig,
+    Terminated,
+    classify,
+    load_run,
+    write_failure,
+)
+from worker._trainlib.schedule import lr_factor, warmup_steps
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _quiet_known_warnings() -> None:
+    import warnings
+
+    # emitted once per collective by DeepSpeed's calls and once per step by transformers 5.x; they
+    # drown the log the worker keeps for users without saying anything about their job
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
+    warnings.filterwarnings("ignore", message=r".*(gradient|activation)_checkpointing.*deprecated",
+                            category=FutureWarning)
+
+
+def _prepare_environment(run: RunConfig) -> None:
+    _quiet_known_warnings()
+    if run.device == "cpu":
+        # without it DeepSpeed probes for CUDA and prints a warning on stdout
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def deepspeed_config(run: RunConfig, world_size: int) -> dict[str, Any]:
+    """The plan's DeepSpeed config, with batch sizes made consistent with the ranks really running."""
+    cfg = copy.deepcopy(run.deepspeed_config)
+    cfg.setdefault("train_micro_batch_size_per_gpu", run.resolved.micro_batch_size)
+    cfg.setdefault("gradient_accumulation_steps", run.resolved.gradient_accumulation_steps)
+    cfg["train_batch_size"] = (cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]
+                               * world_size)
+    cfg.setdefault("steps_per_print", 2**31 - 1)
+    if "bf16" not in cfg and "fp16" not in cfg and run.resolved.precision != "fp32":
+        cfg[run.resolved.precision] = {"enabled": True}
+    if "optimizer" not in cfg:
+        training = run.spec.training
+        name = {"adamw": "AdamW", "lion": "Lion", "sgd": "SGD"}.get(training.optimizer.value, "AdamW")
+        cfg["optimizer"] = {"type": name, "params": {"lr": training.learning_rate,
+                                                     "weight_decay": training.weight_decay}}
+    return cfg
+
+
+class Trainer:
+    def __init__(self, run: RunConfig):
+        self.run = run
+        self.spec = run.spec
+        self.rank = _env_int("RANK", 0)
+        self.world = _env_int("WORLD_SIZE", 1)
+        self.is_rank0 = self.rank == 0
+        self.lora = self.spec.method.value in ("lora", "qlora")
+        self.progress = ProgressLog(run.progress_path, self.is_rank0)
+        self.meter = Meter(cuda=run.device == "cuda")
+        self.step = 0
+
+    # ---------------------------------------------------------------- preparation
+
+    def preflight(self) -> None:
+        from worker._trainlib.modeling import check_gpus, check_model_folder, check_qlora
+
+        if self.run.device == "cuda":
+            check_gpus(os.environ.get("TUNEBOX_EXPECTED_GPU_UUIDS"))
+        if self.spec.method.value == "qlora":
+            check_qlora(self.run.device)
+        check_model_folder(self.run.model_path)
+        if self.is_rank0:
+            ckpt.remove_partials(self.run.checkpoints_dir)
+
+    def load_data(self) -> None:
+        from tunebox.datasets import DatasetError, load_records
+        from worker._trainlib.modeling import load_tokenizer
+
+        self.tokenizer = load_tokenizer(self.run.model_path)
+        declared = self.spec.dataset.format.value if self.spec.dataset else "auto"
+        try:
+            fmt, rows = load_records(self.run.dataset_path, declared)
+        except DatasetError as exc:
+            raise JobFailure(USER_ERROR, "bad_dataset", str(exc)) from exc
+        fraction = self.spec.dataset.eval_fraction if self.spec.dataset else 0.0
+        train_rows, eval_rows = split_rows(rows, fraction, self.spec.training.seed)
+        if self.is_rank0:
+            write_eval_split(self.run.eval_split_path, eval_rows, fmt)
+        self.examples: list[Example] = encode_all(self.tokenizer, train_rows, fmt, self.spec.training.seq_len)
+        self.eval_rows = len(eval_rows)
+        if not self.examples:
+            raise JobFailure(USER_ERROR, "bad_dataset", "no training row has an answer token within seq_len "
+                             f"{self.spec.training.seq_len} (prompts too long, or every row held out)")
+
+    def build_engine(self) -> None:
+        import deepspeed
+        import torch
+
+        deepspeed.init_distributed(dist_backend=None, verbose=False)
+        self.world = deepspeed.comm.get_world_size()
+        self.rank = deepspeed.comm.get_rank()
+        self.is_rank0 = self.rank == 0
+        torch.manual_seed(self.spec.training.seed)
+        self.ds_config = deepspeed_config(self.run, self.world)
+        model = self._load_model()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if not trainable:
+            raise JobFailure(USER_ERROR, "bad_lora_targets", "nothing to train: no parameter requires grad")
+        self.trainable_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in trainable)
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=self.ds_config)
+        groups = self.engine.optimizer.param_groups
+        self.peak_lrs = [float(g["lr"]) for g in groups]
+        self.manual_schedule = "scheduler" not in self.ds_config
+
+    def _load_model(self) -> Any:
+        from worker._trainlib import modeling
+
+        dtype = modeling.torch_dtype(self.run.resolved.precision, self.run.device)
+        extra: dict[str, Any] = {}
+        zero3 = int(self.ds_config.get("zero_optimization", {}).get("stage", 0)) == 3
+        if zero3:
+            from transformers.integrations.deepspeed import HfDeepSpeedConfig
+
+            # kept alive on self: while it exists from_pretrained builds the model under zero.Init,
+            # partitioned at construction, so no GPU ever holds the full model
+            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
+        if self.spec.method.value == "qlora":
+            extra = modeling.qlora_kwargs(dtype)
+        model = modeling.load_causal_lm(self.run.model_path, dtype, **extra)
+        model.config.use_cache = False
+        if self.spec.method.value == "qlora":
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        if self.run.resolved.gradient_checkpointing:
+            modeling.enable_checkpointing(model, self.lora)
+        if self.lora:
+            model = modeling.apply_lora(model, self.spec.lora)
+        return model
+
+    # ---------------------------------------------------------------- the loop
+
+    def plan_steps(self) -> None:
+        cfg = self.ds_config
+        self.grad_accum = int(cfg["gradient_accumulation_steps"])
+        self.order = MicroBatchOrder(len(self.examples), int(cfg["train_micro_batch_size_per_gpu"]),
+                                     self.world, self.rank, self.spec.training.seed)
+        t = self.spec.training
+        self.total = total_steps(self.order, self.grad_accum, t.epochs, t.max_steps)
+        self.lr_fn = lr_factor(t.lr_scheduler.value, self.total, warmup_steps(self.total, t.warmup_ratio))
+        self.pad = pad_id(self.tokenizer)
+
+    def maybe_resume(self) -> Path | None:
+        found = ckpt.latest_complete(self.run.checkpoints_dir)
+        if found is None:
+            return None
+        ckpt.resume(self.engine, found)
+        self.step = found.step
+        return found.path
+
+    def _set_lr(self) -> float:
+        if not self.manual_schedule:
+            return float(self.engine.get_lr()[0])
+        factor = self.lr_fn(self.step)
+        for group, peak in zip(self.engine.optimizer.param_groups, self.peak_lrs, strict=True):
+            group["lr"] = peak * factor
+        return self.peak_lrs[0] * factor
+
+    def _micro_batch(self, k: int) -> tuple[dict[str, Any], int, int]:
+        import torch
+
+        batch = collate([self.examples[i] for i in self.order.indices(k)], self.pad)
+        device = self.engine.device
+        tensors = {key: torch.tensor(v, dtype=torch.long, device=device) for key, v in batch.items()}
+        return tensors, int(tensors["attention_mask"].sum()), len(batch["input_ids"])
+
+    def _reduce(self, loss: float, tokens: int, samples: int) -> tuple[float, int, int]:
+        """Loss averaged over ranks, tokens and samples summed, so rank 0 reports the whole job."""
+        if self.world == 1:
+            return loss, tokens, samples
+        import deepspeed.comm as dist
+        import torch
+
+        t = torch.tensor([loss, float(tokens), float(samples)], dtype=torch.float64,
+                         device=self.engine.device)
+        dist.all_reduce(t)
+        return t[0].item() / self.world, int(t[1].item()), int(t[2].item())
+
+    def train_step(self) -> dict[str, Any]:
+        lr = self._set_lr()
+        started = time.perf_counter()
+        loss_sum, tokens, samples = 0.0, 0, 0
+        for _ in range(self.grad_accum):
+            batch, n_tokens, n_samples = self._micro_batch(self.step * self.grad_accum + _)
+            out = self.engine(**batch, use_cache=False)
+            self.engine.backward(out.loss)
+            self.engine.step()
+            loss_sum += float(out.loss.detach().float().item())
+            tokens, samples = tokens + n_tokens, samples + n_samples
+        self.step += 1
+        loss, tokens, samples = self._reduce(loss_sum / self.grad_accum, tokens, samples)
+        seconds = max(time.perf_counter() - started, 1e-9)
+        return {"loss": loss, "lr": lr, "tokens_per_second": tokens / seconds,
+                "samples_per_second": samples / seconds}
+
+    def report(self, stats: dict[str, Any], run_started: float, steps_this_run: int) -> None:
+        per_step = (time.perf_counter() - run_started) / max(1, steps_this_run)
+        epoch = self.order.epoch_of(self.step * self.grad_accum)
+        self.progress.emit("progress", step=self.step, total_steps=self.total, epoch=epoch, **stats,
+                           **self.meter.snapshot(), eta_seconds=per_step * (self.total - self.step))
+
+    def save(self, loss: float | None) -> Path:
+        state = {"step": self.step, "epoch": self.order.epoch_of(self.step * self.grad_accum),
+                 "micro_batches": self.step * self.grad_accum, "total_steps": self.total,
+                 "world_size": self.world, "job_id": self.run.job_id, "method": self.spec.method.value,
+                 "loss": loss, "time": time.time()}
+        path = ckpt.save(self.engine, self.tokenizer, self.run.checkpoints_dir, self.step, state,
+                         lora=self.lora, is_rank0=self.is_rank0)
+        self.progress.emit("checkpoint", step=self.step, path=str(path))
+        return path
+
+    def fit(self) -> int:
+        self.preflight()
+        self.load_data()
+        self.build_engine()
+        self.plan_steps()
+        resumed = self.maybe_resume()
+        self.progress.emit("start", total_steps=self.total, start_step=self.step,
+                           resumed_from=str(resumed) if resumed else None, pid=os.getpid(),
+                           world_size=self.world, train_rows=len(self.examples), eval_rows=self.eval_rows,
+                           trainable_params=self.trainable_params)
+        final = resumed if resumed is not None and self.step >= self.total else None
+        started, first_step, loss = time.perf_counter(), self.step, None
+        save_every = self.spec.training.save_steps
+        while self.step < self.total:
+            stats = self.train_step()
+            loss = stats["loss"]
+            self.report(stats, started, self.step - first_step)
+            if self.step % save_every == 0 or self.step == self.total:
+                final = self.save(loss)
+        self.progress.emit("done", step=self.step, final_path=str(final),
+                           peak_gpu_bytes=self.meter.peak_gpu_bytes(),
+                           host_peak_rss_bytes=host_peak_rss_bytes())
+        return EXIT_OK
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m worker.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--job-dir", required=True, type=Path)
+    # the deepspeed launcher appends --local_rank=N; the rank is read from the environment instead
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def _fail(job_dir: Path, exc: BaseException, trainer: Trainer | None) -> int:
+    failure = classify(exc)
+    if failure.kind != USER_ERROR or failure.reason == "error":
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"training failed: {failure.kind} {failure.reason}: {failure.message}", file=sys.stderr)
+    if trainer is None or trainer.is_rank0 or not (job_dir / "failure.json").exists():
+        write_failure(job_dir, failure)
+    return failure.exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    job_dir = args.job_dir.resolve()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    trainer: Trainer | None = None
+    try:
+        if _env_int("RANK", 0) == 0:
+            (job_dir / "failure.json").unlink(missing_ok=True)
+        run = load_run(job_dir)
+        _prepare_environment(run)
+        trainer = Trainer(run)
+        return trainer.fit()
+    except Terminated:
+        if trainer is not None:
+            trainer.progress.emit("stopped", step=trainer.step, signal="SIGTERM")
+        return EXIT_TERMINATED
+    except Exception as exc:
+        return _fail(job_dir, exc, trainer)
+    finally:
+        if trainer is not None:
+            trainer.progress.close()
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip interpreter teardown: DeepSpeed's process group and op threads can hang or crash at exit
+    os._exit(code)
