@@ -35,7 +35,8 @@ from api.jobs.schemas import (
     Progress,
 )
 from api.paths import confine
-from api.plans.service import hardware_for, make_plan
+from api.plans.service import hardware_for, make_plan, resolve_model
+from planner import Plan
 from planner.spec import JobSpec
 from store.base import utcnow
 from store.ids import new_id
@@ -126,19 +127,6 @@ def _check_queue_limit(session: Session, user: Principal, settings: Settings) ->
                               errors=[FieldError("owner", f"queued jobs limit {limit} reached")])
 
 
-def resolve_model(spec: JobSpec, settings: Settings, *, required: bool) -> JobSpec:
-    """Replace ``model.path`` by its resolved path under a model root; a job needs one."""
-    if spec.model.path is None:
-        if required:
-            raise InvalidInput.for_field("model.path", "a job needs a local model folder (model.path); "
-                                         "model.name and model.config are for planning only")
-        return spec
-    real = confine(spec.model.path, settings.model_roots, "model.path")
-    if not (real / "config.json").is_file():
-        raise InvalidInput.for_field("model.path", f"{spec.model.path} has no config.json")
-    return spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(real)})})
-
-
 def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: Principal
                      ) -> tuple[JobSpec, str | None]:
     ds = spec.dataset
@@ -170,7 +158,7 @@ def _count_rows(path: Path, declared: str, settings: Settings) -> int:
     return info.num_rows
 
 
-def _refuse_unfit(plan: Any) -> None:
+def _refuse_unfit(plan: Plan) -> None:
     body = plan.model_dump(mode="json")
     per_gpu, host = body.get("per_gpu", {}), body.get("host", {})
     detail = (f"the job does not fit: needs {per_gpu.get('total_bytes')} bytes per GPU and "

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
 from api.deps import CurrentUser, SessionDep, SettingsDep
-from api.plans.service import hardware_for, make_plan
+from api.plans.service import hardware_for, make_plan, resolve_model
+from planner import Plan
 from planner.spec import JobSpec
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
@@ -15,6 +14,7 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
 @router.post("", summary="Plan a job spec without submitting it")
 def create_plan(spec: JobSpec, session: SessionDep, settings: SettingsDep,
-                _user: CurrentUser) -> dict[str, Any]:
+                _user: CurrentUser) -> Plan:
+    spec = resolve_model(spec, settings, required=False)
     plan = make_plan(spec, hardware_for(spec, session, settings))
-    return plan.model_dump(mode="json")
+    return plan

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from api.errors import InvalidInput, ServiceUnavailable
+from api.paths import confine
 from planner.spec import HardwareSpec, JobSpec
 
 if TYPE_CHECKING:
@@ -33,3 +34,16 @@ def make_plan(spec: JobSpec, hardware: HardwareSpec) -> Plan:
         return plan(spec, hardware=hardware)
     except PlanError as exc:
         raise InvalidInput.for_field(exc.field, exc.message) from exc
+
+
+def resolve_model(spec: JobSpec, settings: Settings, *, required: bool) -> JobSpec:
+    """Replace ``model.path`` by its resolved path under a model root; a job needs one."""
+    if spec.model.path is None:
+        if required:
+            raise InvalidInput.for_field("model.path", "a job needs a local model folder (model.path); "
+                                         "model.name and model.config are for planning only")
+        return spec
+    real = confine(spec.model.path, settings.model_roots, "model.path")
+    if not (real / "config.json").is_file():
+        raise InvalidInput.for_field("model.path", f"{spec.model.path} has no config.json")
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"path": str(real)})})

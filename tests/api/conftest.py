@@ -122,19 +122,3 @@ def env(request: pytest.FixtureRequest, roots: tuple[Path, Path], tmp_path: Path
     url = request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url")
     yield from build_env(url, roots, tmp_path)
 
-
-@pytest.fixture(scope="session", autouse=True)
-def _planner_stand_in() -> Iterator[None]:
-    """Until ``planner.plan`` exists, a crude stand-in with the same interface (removed once it does)."""
-    import planner
-
-    if hasattr(planner, "plan"):
-        yield
-        return
-    from tests.api import fake_planner
-
-    planner.plan, planner.Plan, planner.PlanError = (  # type: ignore[attr-defined]
-        fake_planner.plan, fake_planner.Plan, fake_planner.PlanError)
-    yield
-    for name in ("plan", "Plan", "PlanError"):
-        delattr(planner, name)

@@ -1,0 +1,88 @@
+"""Dataset uploads: raw JSONL, JSON array and multipart; validation naming the row; jobs by dataset id."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from store.models import Dataset, Job
+from tests.api.conftest import Env, job_spec
+from tests.tinydata import alpaca_rows, sharegpt_rows
+
+
+def _jsonl(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def test_raw_jsonl_upload_is_validated_counted_and_stored(env: Env) -> None:
+    res = env.client.post("/v1/datasets?name=support", content=_jsonl(alpaca_rows(7)),
+                          headers={**env.auth(), "Content-Type": "application/x-ndjson"})
+    assert res.status_code == 201, res.text
+    ds = res.json()
+    assert ds["id"].startswith("ds_") and ds["format"] == "alpaca" and ds["num_rows"] == 7
+    assert ds["name"] == "support" and ds["owner"] == "alice" and len(ds["sample"]) == 3
+    stored = Path(env.settings.data_dir) / "datasets" / f"{ds['id']}.jsonl"
+    assert len(stored.read_text().splitlines()) == 7
+    assert env.client.get(f"/v1/datasets/{ds['id']}", headers=env.auth("bob")).json()["num_rows"] == 7
+    listed = env.client.get("/v1/datasets", headers=env.auth()).json()["items"]
+    assert [d["id"] for d in listed] == [ds["id"]]
+
+
+def test_json_array_upload_is_stored_as_jsonl(env: Env) -> None:
+    res = env.client.post("/v1/datasets", json=sharegpt_rows(5), headers=env.auth())
+    assert res.status_code == 201, res.text
+    stored = Path(env.settings.data_dir) / "datasets" / f"{res.json()['id']}.jsonl"
+    lines = stored.read_text().splitlines()
+    assert len(lines) == 5 and "conversations" in json.loads(lines[0])
+    assert res.json()["format"] == "sharegpt"
+
+
+def test_multipart_upload(env: Env) -> None:
+    files = {"file": ("chat.jsonl", _jsonl(alpaca_rows(4)), "application/x-ndjson")}
+    res = env.client.post("/v1/datasets", files=files, data={"format": "alpaca"}, headers=env.auth())
+    assert res.status_code == 201, res.text
+    assert res.json()["name"] == "chat.jsonl" and res.json()["num_rows"] == 4
+
+
+def test_bad_dataset_names_row_and_field_and_stores_nothing(env: Env) -> None:
+    rows = alpaca_rows(4)
+    del rows[2]["output"]
+    res = env.client.post("/v1/datasets", content=_jsonl(rows), headers=env.auth())
+    assert res.status_code == 422 and res.headers["content-type"] == "application/problem+json"
+    error = res.json()["errors"][0]
+    assert error["row"] == 3 and "output" in error["field"]
+    assert env.count(Dataset) == 0
+    assert list((Path(env.settings.data_dir) / "datasets").iterdir()) == []
+
+
+def test_declared_format_mismatch_and_garbage(env: Env) -> None:
+    res = env.client.post("/v1/datasets?format=text", content=_jsonl(alpaca_rows(2)), headers=env.auth())
+    assert res.status_code == 422
+    assert env.client.post("/v1/datasets", content=b"{not json", headers=env.auth()).status_code == 422
+    assert env.client.post("/v1/datasets", content=b"", headers=env.auth()).status_code == 422
+    assert env.client.post("/v1/datasets?format=csv", content=b"{}", headers=env.auth()).status_code == 422
+    assert env.count(Dataset) == 0
+
+
+def test_oversized_upload_is_413(env: Env) -> None:
+    big = _jsonl(alpaca_rows(2)) * (env.settings.max_body_bytes // 100)
+
+    def chunks():  # noqa: ANN202
+        for i in range(0, len(big), 65536):
+            yield big[i:i + 65536]
+
+    res = env.client.post("/v1/datasets", content=chunks(), headers=env.auth())
+    assert res.status_code == 413
+    assert env.count(Dataset) == 0
+
+
+def test_unknown_dataset_is_404(env: Env) -> None:
+    assert env.client.get("/v1/datasets/ds_nothing", headers=env.auth()).status_code == 404
+
+
+def test_job_on_an_uploaded_dataset(env: Env) -> None:
+    ds = env.client.post("/v1/datasets", content=_jsonl(alpaca_rows(9)), headers=env.auth()).json()
+    res = env.client.post("/v1/jobs", json=job_spec(dataset={"id": ds["id"]}), headers=env.auth())
+    assert res.status_code == 201, res.text
+    assert res.json()["dataset_id"] == ds["id"] and res.json()["spec"]["dataset"]["num_rows"] == 9
+    assert env.count(Job) == 1
