@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,3 +123,28 @@ def env(request: pytest.FixtureRequest, roots: tuple[Path, Path], tmp_path: Path
     url = request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url")
     yield from build_env(url, roots, tmp_path)
 
+
+
+@contextmanager
+def serve_in_thread(app: Any) -> Iterator[str]:
+    """``app`` under a real uvicorn in a thread; yields its base URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(5)

@@ -3,14 +3,12 @@ metrics series and checkpoints."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from api.app import create_app
 from api.jobs.stream import StreamTiming
@@ -18,7 +16,7 @@ from store.db import session_scope
 from store.ids import new_id
 from store.models import Checkpoint, JobEvent, MetricPoint
 from store.states import JobStatus, transition
-from tests.api.conftest import Env
+from tests.api.conftest import Env, serve_in_thread
 
 S = JobStatus
 
@@ -116,21 +114,11 @@ def test_sse_follows_a_live_job_with_keepalives(pg_env: Env) -> None:
 
 @pytest.fixture
 def live_server(pg_env: Env) -> Iterator[str]:
-    """The app under a real uvicorn in a thread, so the stream is read as it is produced."""
+    """A real uvicorn, so the stream is read as it is produced."""
     app = create_app(pg_env.settings, enqueue=pg_env.enqueued, token_cache_ttl_s=0,
                      stream_timing=StreamTiming(poll_s=0.02, keepalive_s=5))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(5)
+    with serve_in_thread(app) as url:
+        yield url
 
 
 def test_sse_delivers_events_before_the_job_ends(pg_env: Env, live_server: str) -> None:

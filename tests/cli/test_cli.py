@@ -1,0 +1,150 @@
+"""The ``tunebox`` command against a live server (Postgres), and its local commands."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import select
+
+from api.app import create_app
+from store.db import session_scope
+from store.models import ApiToken, Job
+from store.states import JobStatus, transition
+from tests.api.conftest import BOX, Env, job_spec, serve_in_thread
+from tunebox.cli import main, progress_line
+
+S = JobStatus
+
+
+@pytest.fixture
+def server(pg_env: Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    app = create_app(pg_env.settings, enqueue=pg_env.enqueued, token_cache_ttl_s=0)
+    with serve_in_thread(app) as url:
+        monkeypatch.setenv("TUNEBOX_URL", url)
+        monkeypatch.setenv("TUNEBOX_TOKEN", pg_env.tokens["alice"])
+        yield pg_env
+
+
+def _spec_file(tmp_path: Path, **overrides: object) -> str:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(job_spec(**overrides)))
+    return str(path)
+
+
+def test_submit_jobs_show_cancel(server: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["submit", _spec_file(tmp_path)]) == 0
+    job_id = capsys.readouterr().out.strip()
+    assert job_id.startswith("job_") and server.count(Job) == 1
+    assert main(["jobs"]) == 0
+    listing = capsys.readouterr().out
+    assert job_id in listing and "queued" in listing
+    assert main(["jobs", "--status", "running", "--all"]) == 0
+    assert job_id not in capsys.readouterr().out
+    assert main(["show", job_id]) == 0
+    assert "planned:" in capsys.readouterr().out
+    assert main(["show", job_id, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == job_id
+    assert main(["cancel", job_id]) == 0
+    assert "cancelled" in capsys.readouterr().out
+    assert main(["cancel", job_id]) == 1
+    assert "409" in capsys.readouterr().err
+
+
+def test_submit_that_does_not_fit_prints_fields_and_alternatives(
+        server: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["submit", _spec_file(tmp_path, model={"path": "big"}, method="full")]) == 1
+    err = capsys.readouterr().err
+    assert "error 422" in err and "resources:" in err and "alternatives" in err
+    assert main(["submit", _spec_file(tmp_path, training={"seq_len": 10**9, "max_steps": 1})]) == 1
+    assert "training.seq_len" in capsys.readouterr().err
+    assert server.count(Job) == 0
+
+
+def test_watch_exits_0_on_success_and_1_otherwise(server: Env, capsys: pytest.CaptureFixture[str]) -> None:
+    for end, code in ((S.SUCCEEDED, 0), (S.FAILED, 1)):
+        job = server.submit()
+
+        def worker(job_id: str = job["id"], end: JobStatus = end) -> None:
+            with session_scope(server.url) as session:
+                transition(session, job_id, S.STARTING)
+                transition(session, job_id, S.RUNNING, step=5, total_steps=10, loss=1.25,
+                           tokens_per_second=1234.0, eta_seconds=65)
+            time.sleep(0.3)
+            failure = {"failure_kind": "error", "failure_reason": "cuda_oom",
+                       "failure_message": "out of memory"} if end is S.FAILED else {"step": 10}
+            with session_scope(server.url) as session:
+                transition(session, job_id, end, **failure)
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        assert main(["watch", job["id"], "--interval", "0.05"]) == code
+        thread.join()
+        out = capsys.readouterr().out
+        assert "5/10" in out and "1.2500" in out and "1,234 tok/s" in out and "ETA 1m05s" in out
+        if end is S.FAILED:
+            assert "cuda_oom" in out
+
+
+def test_progress_line_without_totals() -> None:
+    line = progress_line({"id": "job_x", "status": "queued", "progress": {}})
+    assert line.startswith("job_x queued") and "0/?" in line and "ETA -" in line
+
+
+def test_unreachable_server_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TUNEBOX_URL", "http://127.0.0.1:1")
+    assert main(["jobs"]) == 1
+    assert "cannot reach http://127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_plan_locally_with_flags_and_json(roots: tuple[Path, Path], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    spec = job_spec(model={"path": str(roots[0] / "small")})
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    assert main(["plan", str(path), "--gpus", "1", "--gpu-memory-gib", "24", "--host-memory-gib", "64"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fits: yes") and "per GPU:" in out and "tokens/s" in out
+    path.write_text(json.dumps({**spec, "hardware": BOX}))
+    assert main(["plan", str(path), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] is True and plan["per_gpu"]["capacity_bytes"] == BOX["gpu_memory_bytes"]
+    path.write_text(json.dumps({**spec, "training": {"seq_len": -1}}))
+    assert main(["plan", str(path), "--gpus", "1", "--gpu-memory-gib", "24"]) == 2
+    assert "training.seq_len" in capsys.readouterr().err
+
+
+def test_db_upgrade_and_tokens_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'db' / 'tunebox.db'}"
+    monkeypatch.setenv("TUNEBOX_DATABASE_URL", url)
+    monkeypatch.chdir(tmp_path)
+    assert main(["db", "upgrade"]) == 0
+    assert "database at revision" in capsys.readouterr().out
+    assert main(["token", "create", "carol", "--admin"]) == 0
+    captured = capsys.readouterr()
+    token = captured.out.strip()
+    assert token.startswith("tb_") and "shown only once" in captured.err and "admin" in captured.err
+    with session_scope(url) as session:
+        row = session.scalars(select(ApiToken)).one()
+        assert row.token_hash != token and row.revoked_at is None
+    assert main(["token", "revoke", token[:11]]) == 0
+    assert main(["token", "revoke", token[:11]]) == 1  # nothing live left to revoke
+    with session_scope(url) as session:
+        assert session.scalars(select(ApiToken)).one().revoked_at is not None
+
+
+def test_settings_markdown_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    from tunebox.settings import Settings
+
+    assert main(["settings", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    for name in Settings.model_fields:
+        assert f"`TUNEBOX_{name.upper()}`" in out
+    assert "| --- |" in out

@@ -1,0 +1,427 @@
+"""The ``tunebox`` command: a client of the API, the local planner, and the service's admin tasks.
+
+Client commands talk to ``TUNEBOX_URL`` (default http://127.0.0.1:8000) with ``TUNEBOX_TOKEN``;
+``plan``, ``db``, ``token`` and ``settings`` work locally without a server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from tunebox.client import ApiProblem, Client, ClientError
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+GiB = 2**30
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("TiB", 2**40), ("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(max(0, seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def progress_line(job: dict[str, Any], width: int = 24) -> str:
+    """``job_x running [######------] 120/1000 12% loss 1.2345 | 5,432 tok/s | ETA 3m12s``."""
+    p = job.get("progress") or {}
+    step, total = p.get("step"), p.get("total_steps")
+    if step is not None and total:
+        done = min(1.0, step / total)
+        bar = "#" * round(done * width) + "-" * (width - round(done * width))
+        where = f"[{bar}] {step}/{total} {done:4.0%}"
+    else:
+        where = f"[{'-' * width}] {step if step is not None else 0}/?"
+    return (f"{job['id']} {job['status']:<10} {where} loss {_num(p.get('loss'), '.4f')} | "
+            f"{_num(p.get('tokens_per_second'), ',.0f')} tok/s | ETA {fmt_duration(p.get('eta_seconds'))}")
+
+
+def print_problem(exc: ApiProblem, out: TextIO) -> None:
+    body = exc.problem
+    print(f"error {exc.status}: {body.get('title', '')}: {body.get('detail', '')}", file=out)
+    for err in exc.errors:
+        row = f" (row {err['row']})" if err.get("row") is not None else ""
+        print(f"  {err.get('field')}: {err.get('message')}{row}", file=out)
+    alternatives = body.get("alternatives") or []
+    if alternatives:
+        print("alternatives the planner suggests:", file=out)
+        for alt in alternatives:
+            print("  " + _alternative(alt), file=out)
+
+
+def _alternative(alt: dict[str, Any]) -> str:
+    changes = ", ".join(f"{k}={v}" for k, v in (alt.get("changes") or {}).items())
+    fits = "fits" if alt.get("fits") else "does not fit"
+    return (f"{changes}: {fits}, {fmt_bytes(alt.get('per_gpu_total_bytes'))} per GPU, "
+            f"{_num(alt.get('estimated_tokens_per_second'), ',.0f')} tok/s"
+            + (f" ({alt['reason']})" if alt.get("reason") else ""))
+
+
+def print_plan(plan: dict[str, Any], out: TextIO) -> None:
+    r, g, h = plan["resolved"], plan["per_gpu"], plan["host"]
+    verdict = "yes" if plan["fits"] else "NO"
+    print(f"fits: {verdict} (margin {fmt_bytes(plan['margin_bytes'])}) on {plan['num_gpus']} GPU(s) of "
+          f"{fmt_bytes(g['capacity_bytes'])}, host {fmt_bytes(h['capacity_bytes'])}", file=out)
+    print(f"setup: {r['method']}, ZeRO-{r['zero_stage']}, offload optimizer={r['offload_optimizer']} "
+          f"param={r['offload_param']}, micro batch {r['micro_batch_size']} x accumulation "
+          f"{r['gradient_accumulation_steps']}, seq_len {r['seq_len']}, checkpointing "
+          f"{'on' if r['gradient_checkpointing'] else 'off'}, {r['precision']}", file=out)
+    terms = ["weights", "gradients", "optimizer_states", "activations", "logits", "zero_buffers",
+             "gathered_parameters", "cuda_context", "allocator_slack"]
+    parts = ", ".join(f"{t.replace('_', ' ')} {fmt_bytes(g.get(t + '_bytes'))}" for t in terms)
+    print(f"per GPU: {parts}", file=out)
+    print(f"  peak ({g['peak_phase']}): {fmt_bytes(g['total_bytes'])} of {fmt_bytes(g['capacity_bytes'])}",
+          file=out)
+    print(f"host: {fmt_bytes(h['total_bytes'])} of {fmt_bytes(h['capacity_bytes'])}", file=out)
+    print(f"speed: {plan['estimated_step_seconds']:.2f} s/step, "
+          f"{plan['estimated_tokens_per_second']:,.0f} tokens/s, "
+          f"duration {fmt_duration(plan.get('estimated_duration_seconds'))}", file=out)
+    for title, notes in (("warnings", plan.get("warnings")), ("advice", plan.get("advice"))):
+        for note in notes or []:
+            print(f"{title[:-1] if title == 'warnings' else title}: {note['message']}", file=out)
+    for alt in plan.get("alternatives") or []:
+        print("alternative: " + _alternative(alt), file=out)
+
+
+# --------------------------------------------------------------------------- spec files
+
+
+def load_spec(path: str) -> dict[str, Any]:
+    """A spec from a YAML or JSON file (``-`` reads standard input)."""
+    import yaml
+
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)  # YAML is a superset of JSON
+    if not isinstance(data, dict):
+        raise SystemExit(f"{path}: a job spec is a mapping (YAML or JSON object)")
+    return data
+
+
+# --------------------------------------------------------------------------- client commands
+
+
+def cmd_submit(args: argparse.Namespace, client: Client) -> int:
+    job = client.submit(load_spec(args.spec), idempotency_key=args.idempotency_key)
+    print(job["id"])
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace, client: Client) -> int:
+    page = client.jobs(statuses=args.status or (), owner=None if args.all else "me", limit=args.limit)
+    print(f"{'ID':<26} {'STATUS':<10} {'OWNER':<12} {'STEP':>11} {'LOSS':>8}  {'CREATED':<20} NAME")
+    for job in page["items"]:
+        p = job.get("progress") or {}
+        step = f"{p.get('step') or 0}/{p.get('total_steps') or '?'}"
+        print(f"{job['id']:<26} {job['status']:<10} {job['owner'][:12]:<12} {step:>11} "
+              f"{_num(p.get('loss'), '.4f'):>8}  {job['created_at'][:19]:<20} {job['name']}")
+    if page.get("next_after"):
+        print(f"(more: --limit {args.limit * 2})")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, client: Client) -> int:
+    job = client.job(args.id)
+    if args.json:
+        print(json.dumps(job, indent=2))
+        return 0
+    print(progress_line(job))
+    print(f"name: {job['name']}  owner: {job['owner']}  priority: {job['priority']}  gpus: {job['num_gpus']}")
+    print(f"planned: {fmt_bytes(job['planned_peak_gpu_bytes'])} per GPU, "
+          f"{fmt_bytes(job['planned_host_bytes'])} host; measured peak "
+          f"{fmt_bytes((job.get('progress') or {}).get('measured_peak_gpu_bytes'))}")
+    print(f"created {job['created_at']}  started {job['started_at'] or '-'}  "
+          f"finished {job['finished_at'] or '-'}")
+    if job.get("failure"):
+        f = job["failure"]
+        print(f"failure: {f['kind']} / {f['reason']}: {f['message']}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
+    job = client.cancel(args.id)
+    print(f"{job['id']} {job['status']}")
+    return 0
+
+
+def watch(client: Client, job_id: str, *, interval: float, out: TextIO,
+          sleep: Callable[[float], None] = time.sleep) -> int:
+    """Redraw the progress line until the job ends; 0 if it succeeded, 1 otherwise."""
+    live = out.isatty()
+    last = ""
+    while True:
+        job = client.job(job_id)
+        line = progress_line(job)
+        if line != last:
+            print(("\r\x1b[2K" + line) if live else line, end="" if live else "\n", file=out, flush=True)
+            last = line
+        if job["status"] in TERMINAL:
+            if live:
+                print(file=out)
+            failure = job.get("failure")
+            if failure:
+                print(f"{job['status']}: {failure.get('reason')}: {failure.get('message')}", file=out)
+            return 0 if job["status"] == "succeeded" else 1
+        sleep(interval)
+
+
+def cmd_watch(args: argparse.Namespace, client: Client) -> int:
+    return watch(client, args.id, interval=args.interval, out=sys.stdout)
+
+
+# --------------------------------------------------------------------------- local commands
+
+
+def _flag_hardware(args: argparse.Namespace) -> Any:
+    from planner.spec import HardwareSpec
+
+    if args.gpu_memory_gib is None and args.gpus is None:
+        return None
+    if args.gpu_memory_gib is None:
+        raise SystemExit("--gpus needs --gpu-memory-gib")
+    host = args.host_memory_gib * GiB if args.host_memory_gib else _host_memory()
+    return HardwareSpec(gpu_count=args.gpus or 1, gpu_memory_bytes=int(args.gpu_memory_gib * GiB),
+                        host_memory_bytes=int(host))
+
+
+def _host_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def _local_hardware() -> Any:
+    from planner.spec import HardwareSpec
+    from tunebox.settings import Settings
+    from worker.gpus import local_inventory
+
+    settings = Settings()
+    gpus = [g for g in local_inventory(settings) if g.healthy]
+    if not gpus:
+        raise SystemExit("no GPU found here: give spec.hardware, or --gpus N --gpu-memory-gib X")
+    return HardwareSpec(gpu_count=len(gpus), gpu_memory_bytes=min(g.memory_total_bytes for g in gpus),
+                        host_memory_bytes=settings.host_memory_bytes or _host_memory(),
+                        nvme_bytes=settings.nvme_bytes)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from planner import PlanError, plan
+    from planner.spec import JobSpec
+
+    try:
+        spec = JobSpec.model_validate(load_spec(args.spec))
+        hardware = spec.hardware or _flag_hardware(args) or _local_hardware()
+        result = plan(spec, hardware=hardware)
+    except ValidationError as exc:
+        for err in exc.errors():
+            print(f"  {'.'.join(map(str, err['loc'])) or 'spec'}: {err['msg']}", file=sys.stderr)
+        return 2
+    except PlanError as exc:
+        print(f"  {exc.field}: {exc.message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        print_plan(result.model_dump(mode="json"), sys.stdout)
+    return 0 if result.fits else 1
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    import migrations
+    from tunebox.settings import Settings
+
+    url = Settings().resolved_database_url
+    if args.db_command == "upgrade":
+        migrations.upgrade(url, args.revision)
+    elif args.db_command == "downgrade":
+        migrations.downgrade(url, args.revision)
+    print(f"database at revision {migrations.current(url) or 'base'}")
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from api.auth.service import TokenNotFound, create_token, revoke_token
+    from store.db import session_scope
+    from tunebox.settings import Settings
+
+    url = Settings().resolved_database_url
+    with session_scope(url) as session:
+        if args.token_command == "create":
+            issued = create_token(session, args.name, admin=True if args.admin else None)
+            print(issued.token)
+            role = "admin" if issued.user.is_admin else "user"
+            print(f"token {issued.prefix}… for {issued.user.name} ({role}); it is shown only once",
+                  file=sys.stderr)
+            return 0
+        try:
+            row = revoke_token(session, args.prefix)
+        except TokenNotFound as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"revoked {row.prefix}… ({row.id})")
+        return 0
+
+
+def _show_default(value: Any) -> str:
+    if isinstance(value, Path):
+        home = str(Path.home())
+        return "~" + str(value)[len(home):] if str(value).startswith(home) else str(value)
+    return json.dumps(value)
+
+
+def settings_markdown() -> str:
+    from pydantic_core import PydanticUndefined
+
+    from tunebox.settings import Settings
+
+    lines = ["| Variable | Default | Description |", "| --- | --- | --- |"]
+    for name, field in Settings.model_fields.items():
+        if field.default_factory is not None:
+            default = f"`{_show_default(field.default_factory())}`"  # type: ignore[call-arg]
+        elif field.default is PydanticUndefined or field.default is None:
+            default = ""
+        else:
+            value = field.default
+            default = f"`{value if isinstance(value, str) else json.dumps(value)}`"
+        description = (field.description or "").replace("|", "\\|")
+        lines.append(f"| `TUNEBOX_{name.upper()}` | {default} | {description} |")
+    return "\n".join(lines)
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    if args.markdown:
+        print(settings_markdown())
+        return 0
+    from tunebox.settings import Settings
+
+    for name, value in Settings().model_dump(mode="json").items():
+        print(f"TUNEBOX_{name.upper()}={json.dumps(value) if not isinstance(value, str) else value}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    # run_serve migrates the embedded SQLite database before it serves
+    from tunebox.serve import run_serve
+
+    return int(run_serve(args.host, args.port))
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from tunebox.serve import run_worker
+
+    return int(run_worker())
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tunebox", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("submit", help="submit a job spec (YAML or JSON); prints the job id")
+    p.add_argument("spec")
+    p.add_argument("--idempotency-key", help="resubmitting with the same key never makes a second job")
+    p.set_defaults(client_command=cmd_submit)
+
+    p = sub.add_parser("jobs", help="list jobs (yours unless --all)")
+    p.add_argument("--status", action="append", help="repeat to match several")
+    p.add_argument("--all", action="store_true", help="everyone's jobs")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(client_command=cmd_jobs)
+
+    p = sub.add_parser("show", help="one job")
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(client_command=cmd_show)
+
+    p = sub.add_parser("watch", help="live progress until the job ends (exit 0 if it succeeded)")
+    p.add_argument("id")
+    p.add_argument("--interval", type=float, default=2.0)
+    p.set_defaults(client_command=cmd_watch)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("id")
+    p.set_defaults(client_command=cmd_cancel)
+
+    p = sub.add_parser("plan", help="run the planner locally (no server)")
+    p.add_argument("spec")
+    p.add_argument("--json", action="store_true", help="the plan as POST /v1/plans returns it")
+    p.add_argument("--gpus", type=int)
+    p.add_argument("--gpu-memory-gib", type=float)
+    p.add_argument("--host-memory-gib", type=float)
+    p.set_defaults(local_command=cmd_plan)
+
+    p = sub.add_parser("db", help="database migrations")
+    dbsub = p.add_subparsers(dest="db_command", required=True)
+    up = dbsub.add_parser("upgrade")
+    up.add_argument("revision", nargs="?", default="head")
+    down = dbsub.add_parser("downgrade")
+    down.add_argument("revision")
+    dbsub.add_parser("current")
+    p.set_defaults(local_command=cmd_db)
+
+    p = sub.add_parser("token", help="API tokens")
+    toksub = p.add_subparsers(dest="token_command", required=True)
+    create = toksub.add_parser("create", help="create the user if needed; print a new token once")
+    create.add_argument("name")
+    create.add_argument("--admin", action="store_true")
+    revoke = toksub.add_parser("revoke", help="revoke by display prefix (tb_xxxxxxxx) or tok_ id")
+    revoke.add_argument("prefix")
+    p.set_defaults(local_command=cmd_token)
+
+    p = sub.add_parser("settings", help="the effective settings, or --markdown for the README table")
+    p.add_argument("--markdown", action="store_true")
+    p.set_defaults(local_command=cmd_settings)
+
+    p = sub.add_parser("serve", help="run the API (and, on the embedded default, a worker)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(local_command=cmd_serve)
+
+    p = sub.add_parser("worker", help="run a GPU worker")
+    p.set_defaults(local_command=cmd_worker)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if hasattr(args, "local_command"):
+        return int(args.local_command(args))
+    try:
+        with Client() as client:
+            return int(args.client_command(args, client))
+    except ApiProblem as exc:
+        print_problem(exc, sys.stderr)
+        return 1
+    except ClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

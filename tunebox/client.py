@@ -1,0 +1,127 @@
+"""A small HTTP client of the tunebox API (what the CLI uses).
+
+Errors come back as :class:`ApiProblem` carrying the RFC 9457 body; an unreachable server is a
+:class:`ClientError` with the URL it tried.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class ClientError(Exception):
+    """The request did not produce an API answer (server down, bad URL, no token)."""
+
+
+class ApiProblem(ClientError):
+    """The API answered with an error; ``problem`` is its problem+json body."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        self.status = status
+        self.problem = problem
+        super().__init__(f"{status} {problem.get('title', '')}: {problem.get('detail', '')}".strip())
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return list(self.problem.get("errors") or [])
+
+
+class Client:
+    def __init__(self, url: str | None = None, token: str | None = None, *, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.url = (url or os.environ.get("TUNEBOX_URL") or DEFAULT_URL).rstrip("/")
+        token = token if token is not None else os.environ.get("TUNEBOX_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            res = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach {self.url}: {exc}") from exc
+        if res.status_code >= 400:
+            raise ApiProblem(res.status_code, _problem_body(res))
+        return res.json() if res.content else None
+
+    # ------------------------------------------------------------------ jobs
+
+    def submit(self, spec: dict[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return dict(self._request("POST", "/v1/jobs", json=spec, headers=headers))
+
+    def plan(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._request("POST", "/v1/plans", json=spec))
+
+    def jobs(self, *, statuses: Sequence[str] = (), owner: str | None = None, after: str | None = None,
+             limit: int = 50) -> dict[str, Any]:
+        params: list[tuple[str, str | int]] = [("limit", limit)] + [("status", s) for s in statuses]
+        if owner:
+            params.append(("owner", owner))
+        if after:
+            params.append(("after", after))
+        return dict(self._request("GET", "/v1/jobs", params=params))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("GET", f"/v1/jobs/{job_id}"))
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    def events(self, job_id: str, *, after: int = 0, limit: int = 200) -> dict[str, Any]:
+        params = {"after": after, "limit": limit}
+        return dict(self._request("GET", f"/v1/jobs/{job_id}/events", params=params))
+
+    def stream_events(self, job_id: str, *, last_event_id: int | None = None) -> Iterator[dict[str, Any]]:
+        """Events from the SSE stream as they happen; ends when the server ends the stream."""
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = str(last_event_id)
+        try:
+            with self._http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
+                                   timeout=httpx.Timeout(30.0, read=None)) as res:
+                if res.status_code >= 400:
+                    res.read()
+                    raise ApiProblem(res.status_code, _problem_body(res))
+                yield from _parse_sse(res.iter_lines())
+        except httpx.HTTPError as exc:
+            raise ClientError(f"event stream from {self.url} broke: {exc}") from exc
+
+
+def _problem_body(res: httpx.Response) -> dict[str, Any]:
+    try:
+        body = res.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {"status": res.status_code, "title": res.reason_phrase, "detail": res.text[:500]}
+    return body if isinstance(body, dict) else {"status": res.status_code, "detail": str(body)}
+
+
+def _parse_sse(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    """SSE frames as ``{"event": kind, "id": id or None, "data": decoded JSON}``; comments skipped."""
+    frame: dict[str, str] = {}
+    for line in lines:
+        if not line:
+            if "data" in frame:
+                yield {"event": frame.get("event", "message"), "id": frame.get("id"),
+                       "data": json.loads(frame["data"])}
+            frame = {}
+        elif not line.startswith(":"):
+            key, _, value = line.partition(":")
+            frame[key] = value[1:] if value.startswith(" ") else value
