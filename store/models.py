@@ -129,6 +129,8 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # last time a worker saw this job waiting in the queue; a queued job silent for long is sent again
+    dispatch_checked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class JobEvent(Base):

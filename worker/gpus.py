@@ -8,6 +8,7 @@ reason, and leasing never hands it out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 from dataclasses import dataclass
@@ -263,3 +264,37 @@ def _unreported_status(host: str, info: GpuInfo) -> GpuStatus:
                      memory_total_bytes=info.memory_total_bytes, memory_free_bytes=info.memory_free_bytes,
                      memory_unleased_bytes=info.memory_total_bytes, healthy=info.healthy,
                      health_reason=info.health_reason, updated_at=None, leases=[])
+
+
+class NvmlSampler:
+    """GPU memory the given processes use right now, as NVML sees it (None where there is no NVML)."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception:  # no library or no driver: a CPU box
+            self._nvml = None
+
+    def used_bytes(self, pids: set[int]) -> int | None:
+        nv = self._nvml
+        if nv is None or not pids:
+            return None
+        total, seen = 0, False
+        try:
+            for i in range(nv.nvmlDeviceGetCount()):
+                for proc in nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(i)):
+                    if proc.pid in pids and proc.usedGpuMemory is not None:
+                        total, seen = total + int(proc.usedGpuMemory), True
+        except nv.NVMLError:
+            return None
+        return total if seen else None
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            with contextlib.suppress(Exception):
+                self._nvml.nvmlShutdown()
+            self._nvml = None

@@ -1,0 +1,155 @@
+"""``tunebox serve`` and ``tunebox worker``: the processes of a deployment.
+
+Embedded default (no broker configured): ``serve`` migrates the SQLite file, serves the API with
+uvicorn and runs one worker beside it as a subprocess on the server-less filesystem broker; both stop
+on SIGINT/SIGTERM. With ``TUNEBOX_BROKER_URL`` set, ``serve`` is the API only (unless
+``TUNEBOX_EMBEDDED_WORKER=true``) and workers run on the GPU boxes as ``tunebox worker``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from tunebox.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+WORKER_STOP_GRACE_S = 10.0
+
+
+def worker_argv(concurrency: int, queues: Sequence[str], settings: Settings) -> list[str]:
+    """Celery worker arguments; concurrency 0 means two task slots per GPU (two jobs may share one)."""
+    if concurrency <= 0:
+        from worker.gpus import local_inventory
+
+        concurrency = max(1, 2 * len(local_inventory(settings)))
+    from worker.gpus import host_name
+
+    return ["worker", "-Q", ",".join(queues), "--concurrency", str(concurrency),
+            # a task mostly waits on its training process: threads suffice and share the DB engine
+            "--pool", "solo" if concurrency == 1 else "threads",
+            "--hostname", f"tunebox-{os.getpid()}@{host_name(settings)}",
+            "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
+
+
+def run_worker(concurrency: int = 1, queues: Sequence[str] = ("gpu",)) -> int:
+    """Run a GPU worker in this process until it is stopped; returns the exit status."""
+    from worker.celery_app import get_celery
+
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = get_celery()
+    app.loader.import_default_modules()
+    app.worker_main(worker_argv(concurrency, queues, settings))
+    return 0
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def upgrade_database(settings: Settings) -> None:
+    """``alembic upgrade head`` on the configured database."""
+    from alembic import command
+    from alembic.config import Config
+
+    import migrations
+
+    config = Config(str(Path(migrations.__file__).parent / "alembic.ini"))
+    config.set_main_option("sqlalchemy.url", settings.resolved_database_url.replace("%", "%%"))
+    command.upgrade(config, "head")
+
+
+def wants_embedded_worker(settings: Settings) -> bool:
+    return settings.embedded_worker if settings.embedded_worker is not None else settings.embedded
+
+
+class EmbeddedWorker:
+    """The worker subprocess beside the API: restarted if it dies, stopped with the server."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="embedded-worker", daemon=True)
+
+    def start(self) -> None:
+        self._spawn()
+        self._watcher.start()
+
+    def _spawn(self) -> None:
+        # its own session: a Ctrl-C at the terminal reaches the server, which stops the worker in order
+        self.proc = subprocess.Popen([sys.executable, "-m", "tunebox.serve", "worker"],
+                                     start_new_session=True)
+        log.info("embedded worker started (pid %s)", self.proc.pid)
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(2.0):
+            if self.proc is not None and self.proc.poll() is not None and not self.stopping.is_set():
+                log.error("embedded worker exited with %s; starting it again", self.proc.returncode)
+                self._spawn()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        proc = self.proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(WORKER_STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # a warm shutdown waits for running jobs; they resume when the server is back
+            proc.wait()
+        self._reap_runs()
+
+    def _reap_runs(self) -> None:
+        """Stop the training and evaluation processes the worker left behind (they live in own groups)."""
+        from worker import launcher
+        from worker.gpus import host_name
+        from worker.reconcile import owned_groups
+
+        owner = launcher.owner_tag(self.settings, host_name(self.settings))
+        for group in owned_groups(owner):
+            launcher.terminate_pgid(group.pgid, self.settings.cancel_grace_s)
+
+
+def run_serve(host: str = "127.0.0.1", port: int = 8000) -> int:
+    """Serve the API (and, in the embedded mode, one worker) until SIGINT/SIGTERM."""
+    import uvicorn
+
+    settings = get_settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if settings.resolved_database_url.startswith("sqlite"):
+        upgrade_database(settings)
+    worker = EmbeddedWorker(settings) if wants_embedded_worker(settings) else None
+    if worker is not None:
+        worker.start()
+    try:
+        # uvicorn handles SIGINT/SIGTERM: it stops serving and returns here
+        uvicorn.run("api.app:create_app", factory=True, host=host, port=port, log_level="info")
+    finally:
+        if worker is not None:
+            worker.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args[:1] == ["worker"]:
+        return run_worker(concurrency=int(args[1]) if len(args) > 1 else 1)
+    if args[:1] == ["serve"]:
+        return run_serve(*(args[1:2] or ["127.0.0.1"]), port=int(args[2]) if len(args) > 2 else 8000)
+    print("usage: python -m tunebox.serve worker [CONCURRENCY] | serve [HOST] [PORT]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""Starting and stopping a job's processes: the training ranks and the separate evaluation.
+
+Each run gets its own process group (a new session), so one signal reaches every rank and every
+child they spawn, and nothing outlives a cancel. Commands are argument lists, never a shell line.
+The job's folder ``DATA_DIR/jobs/<job_id>/`` holds ``run.json`` (what to run, built from the stored
+spec and plan), ``progress.jsonl`` (what the training reports), ``train.log`` and ``eval/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from worker.leasing import Grant
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from store.models import Job
+    from tunebox.settings import Settings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESOLVED_KEYS = ("micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "zero_stage",
+                 "offload_optimizer", "offload_param", "num_gpus", "precision")
+# environment markers that let the reconciler find a job's processes after a worker dies
+ENV_JOB_ID = "TUNEBOX_JOB_ID"
+ENV_OWNER = "TUNEBOX_PROCESS_OWNER"
+ENV_ROLE = "TUNEBOX_PROCESS_ROLE"
+ENV_ATTEMPT = "TUNEBOX_JOB_ATTEMPT"
+
+
+@dataclass(frozen=True)
+class RunId:
+    """Which run of which job a process belongs to, and whose (host and database) it is."""
+
+    job_id: str
+    attempt: int
+    owner: str
+
+
+@dataclass
+class ProcessGroup:
+    """The processes of one run, all in process group ``pgid``."""
+
+    procs: list[subprocess.Popen[bytes]]
+    pgid: int
+    log_path: Path
+    started_at: float = field(default_factory=time.monotonic)
+    peak_rss: dict[int, int] = field(default_factory=dict)
+
+    def poll(self) -> int | None:
+        """None while every rank runs; else the first failing exit code (0 when all succeeded)."""
+        codes = [self._reap(p) for p in self.procs]
+        failed = [c for c in codes if c not in (None, 0)]
+        if failed:
+            return failed[0]
+        return None if None in codes else 0
+
+    def _reap(self, proc: subprocess.Popen[bytes]) -> int | None:
+        """``poll()`` through ``wait4``, which also yields the kernel's peak RSS of the process."""
+        if proc.returncode is not None:
+            return proc.returncode
+        try:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            return proc.poll()
+        if pid == 0:
+            return None
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        self.peak_rss[proc.pid] = int(usage.ru_maxrss) * 1024  # KiB on Linux
+        return proc.returncode
+
+    @property
+    def peak_rss_bytes(self) -> int | None:
+        """Sum over the exited ranks of each one's peak resident memory (the kernel's figure)."""
+        return sum(self.peak_rss.values()) if self.peak_rss else None
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+
+def job_dir(settings: Settings, job_id: str) -> Path:
+    return settings.data_dir / "jobs" / job_id
+
+
+def owner_tag(settings: Settings, host: str) -> str:
+    """Marks processes started by workers of this host for this database (and no other)."""
+    digest = hashlib.sha256(settings.resolved_database_url.encode()).hexdigest()[:16]
+    return f"{host}:{digest}"
+
+
+# --------------------------------------------------------------------------- run.json
+
+
+def device_of(grant: Grant) -> str:
+    return "cpu" if all(u.startswith("cpu-") for u in grant.uuids) else "cuda"
+
+
+def build_run_file(session: Session, job: Job, grant: Grant, settings: Settings) -> dict[str, Any]:
+    """What the training process needs, from the stored spec and plan."""
+    plan = job.plan or {}
+    resolved = plan.get("resolved") or {}
+    return {
+        "job_id": job.id,
+        "spec": job.spec,
+        "model_path": _abs((job.spec.get("model") or {}).get("path") or ""),
+        "dataset_path": _abs(_dataset_path(session, job)),
+        "resolved": {k: resolved.get(k) for k in RESOLVED_KEYS},
+        "deepspeed_config": plan.get("deepspeed_config") or {},
+        "device": device_of(grant),
+    }
+
+
+def _dataset_path(session: Session, job: Job) -> str:
+    dataset = job.spec.get("dataset") or {}
+    if dataset.get("path"):
+        return str(dataset["path"])
+    from store.models import Dataset
+
+    ds_id = job.dataset_id or dataset.get("id")
+    row = session.get(Dataset, ds_id) if ds_id else None
+    return row.path if row is not None else ""
+
+
+def _abs(path: str) -> str:
+    # an empty path stays empty: the training reports it as the user's error, with the field named
+    return str(Path(path).expanduser().absolute()) if path else ""
+
+
+def write_run_file(directory: Path, run: dict[str, Any]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "eval").mkdir(exist_ok=True)
+    path = directory / "run.json"
+    tmp = directory / ".run.json.tmp"
+    tmp.write_text(json.dumps(run, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def base_env(grant: Grant, settings: Settings, run: RunId, role: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    extensions = settings.torch_extensions_dir or settings.data_dir / "torch_extensions"
+    env.update({
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_EXTENSIONS_DIR": str(extensions),
+        "TUNEBOX_EXPECTED_GPU_UUIDS": ",".join(grant.uuids),
+        ENV_JOB_ID: run.job_id, ENV_ATTEMPT: str(run.attempt), ENV_OWNER: run.owner, ENV_ROLE: role,
+    })
+    if device_of(grant) == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["DS_ACCELERATOR"] = "cpu"
+    else:
+        # NVML numbers cards by PCI bus; CUDA's default order is "fastest first"
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in grant.indices)
+    return env
+
+
+def rank_env(env: dict[str, str], rank: int, world: int, port: int) -> dict[str, str]:
+    return {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def start_training(directory: Path, grant: Grant, settings: Settings, run: RunId) -> ProcessGroup:
+    """One process per leased GPU (or the ``deepspeed`` launcher), all in one new process group."""
+    env = base_env(grant, settings, run, "train")
+    world, port = max(1, len(grant.indices)), free_port()
+    log_path = directory / "train.log"
+    if settings.use_deepspeed_launcher and device_of(grant) == "cuda":
+        argv = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", str(port),
+                "--include", "localhost:" + ",".join(str(i) for i in grant.indices),
+                "--module", settings.train_module, "--job-dir", str(directory)]
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # the launcher sets it from --include
+        return _spawn([(argv, env)], directory, log_path)
+    argv = [sys.executable, "-m", settings.train_module, "--job-dir", str(directory)]
+    return _spawn([(argv, rank_env(env, r, world, port)) for r in range(world)], directory, log_path)
+
+
+def start_eval(directory: Path, checkpoint: str, grant: Grant, settings: Settings,
+               run: RunId) -> ProcessGroup:
+    """The evaluation as its own process (and group): its crash or OOM cannot take the training."""
+    env = base_env(grant, settings, run, "eval")
+    if device_of(grant) == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = str(grant.indices[0])
+    argv = [sys.executable, "-m", settings.eval_module, "--job-dir", str(directory),
+            "--checkpoint", checkpoint]
+    return _spawn([(argv, env)], directory, directory / "eval.log")
+
+
+def _spawn(commands: list[tuple[list[str], dict[str, str]]], cwd: Path, log_path: Path) -> ProcessGroup:
+    procs: list[subprocess.Popen[bytes]] = []
+    with log_path.open("ab") as log:
+        for argv, env in commands:
+            group: dict[str, Any] = ({"start_new_session": True} if not procs
+                                     else {"process_group": procs[0].pid})
+            procs.append(subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                          stdout=log, stderr=subprocess.STDOUT, close_fds=True, **group))
+    return ProcessGroup(procs=procs, pgid=procs[0].pid, log_path=log_path)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live process of the group remains (a zombie waiting for init to reap it is not one)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _only_zombies(pgid)
+
+
+def terminate(group: ProcessGroup, grace_s: float) -> None:
+    """SIGTERM to the whole group, SIGKILL after ``grace_s``; returns when no process remains."""
+    terminate_pgid(group.pgid, grace_s, reap=group.poll)
+
+
+def terminate_pgid(pgid: int, grace_s: float, reap: Callable[[], object] | None = None) -> None:
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _alive_after_reap(pgid, reap):
+        time.sleep(0.1)
+    if _alive_after_reap(pgid, reap):
+        _signal_group(pgid, signal.SIGKILL)
+        end = time.monotonic() + 10
+        while time.monotonic() < end and _alive_after_reap(pgid, reap):
+            time.sleep(0.05)
+
+
+def _alive_after_reap(pgid: int, reap: Callable[[], object] | None) -> bool:
+    if reap is not None:
+        reap()  # a dead child of ours stays a zombie (and a group member) until we reap it
+    return group_alive(pgid)
+
+
+def _only_zombies(pgid: int) -> bool:
+    """True when the group holds nothing but zombies (dead, waiting to be reaped)."""
+    import psutil
+
+    members = []
+    for proc in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc.status())
+    return all(s == psutil.STATUS_ZOMBIE for s in members)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def group_processes(group: ProcessGroup) -> list[Any]:
+    """The run's processes and all their children (psutil objects)."""
+    import psutil
+
+    out: list[Any] = []
+    for pid in group.pids:
+        with contextlib.suppress(psutil.Error, OSError):
+            root = psutil.Process(pid)
+            out.extend([root, *root.children(recursive=True)])
+    return out
+
+
+def group_rss_bytes(procs: list[Any]) -> int:
+    """Resident memory of these processes right now."""
+    import psutil
+
+    total = 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error, OSError):
+            total += int(proc.memory_info().rss)
+    return total
