@@ -55,15 +55,16 @@ def load_for_eval(run: RunConfig, checkpoint: Path, device: str) -> tuple[Any, A
     if not checkpoint.is_dir():
         raise JobFailure(USER_ERROR, "bad_checkpoint", f"checkpoint folder not found: {checkpoint}")
     dtype = modeling.torch_dtype(run.resolved.precision, device)
+    attn = modeling.attention_kwargs(run.spec)
     has_tokenizer = (checkpoint / "tokenizer_config.json").is_file()
-    tokenizer = modeling.load_tokenizer(checkpoint if has_tokenizer else run.model_path)
+    tokenizer = modeling.load_tokenizer(checkpoint if has_tokenizer else run.model_dir)
     if (checkpoint / "adapter_config.json").is_file():
         from peft import PeftModel
 
-        base = modeling.load_causal_lm(run.model_path, dtype)
+        base = modeling.load_causal_lm(run.model_dir, dtype, **attn)
         model = PeftModel.from_pretrained(base, str(checkpoint))
     else:
-        model = modeling.load_causal_lm(checkpoint, dtype)
+        model = modeling.load_causal_lm(checkpoint, dtype, **attn)
     return model.to(device).eval(), tokenizer
 
 

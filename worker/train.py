@@ -18,7 +18,8 @@ Run by the worker's launcher or the ``deepspeed`` launcher; the rank comes from 
 - ``DIR/failure.json`` {kind, reason, message} on failure.
 
 Exit codes: 0 done; 1 error (system fault); 2 user_error (bad_dataset, bad_model,
-missing_tokenizer, qlora_unavailable, bad_lora_targets); 3 cuda_oom; 4 host_oom; 5 disk_full;
+missing_tokenizer, qlora_unavailable, optimizer_unavailable, attn_unavailable, bad_lora_targets);
+3 cuda_oom; 4 host_oom; 5 disk_full;
 143 stopped by SIGTERM (no failure.json; a checkpoint being written is discarded, never left half).
 """
 
@@ -96,11 +97,11 @@ def deepspeed_config(run: RunConfig, world_size: int) -> dict[str, Any]:
     cfg.setdefault("steps_per_print", 2**31 - 1)
     if "bf16" not in cfg and "fp16" not in cfg and run.resolved.precision != "fp32":
         cfg[run.resolved.precision] = {"enabled": True}
-    if "optimizer" not in cfg:
-        training = run.spec.training
-        name = {"adamw": "AdamW", "lion": "Lion", "sgd": "SGD"}.get(training.optimizer.value, "AdamW")
-        cfg["optimizer"] = {"type": name, "params": {"lr": training.learning_rate,
-                                                     "weight_decay": training.weight_decay}}
+    training = run.spec.training
+    declared = {"adamw": "AdamW", "lion": "Lion", "sgd": "SGD"}.get(training.optimizer.value)
+    if "optimizer" not in cfg and declared is not None:
+        cfg["optimizer"] = {"type": declared, "params": {"lr": training.learning_rate,
+                                                         "weight_decay": training.weight_decay}}
     return cfg
 
 
@@ -119,13 +120,17 @@ class Trainer:
     # ---------------------------------------------------------------- preparation
 
     def preflight(self) -> None:
-        from worker._trainlib.modeling import check_gpus, check_model_folder, check_qlora
+        from worker._trainlib import modeling
 
         if self.run.device == "cuda":
-            check_gpus(os.environ.get("TUNEBOX_EXPECTED_GPU_UUIDS"))
+            modeling.check_gpus(os.environ.get("TUNEBOX_EXPECTED_GPU_UUIDS"))
         if self.spec.method.value == "qlora":
-            check_qlora(self.run.device)
-        check_model_folder(self.run.model_path)
+            modeling.check_qlora(self.run.device)
+        client_optimizer = "optimizer" not in self.run.deepspeed_config
+        if self.spec.training.optimizer.value == "adamw_8bit" and client_optimizer:
+            modeling.check_8bit_optimizer(self.run.device)
+        modeling.attention_kwargs(self.spec)
+        modeling.check_model_folder(self.run.model_dir)
         if self.is_rank0:
             ckpt.remove_partials(self.run.checkpoints_dir)
 
@@ -133,10 +138,10 @@ class Trainer:
         from tunebox.datasets import DatasetError, load_records
         from worker._trainlib.modeling import load_tokenizer
 
-        self.tokenizer = load_tokenizer(self.run.model_path)
+        self.tokenizer = load_tokenizer(self.run.model_dir)
         declared = self.spec.dataset.format.value if self.spec.dataset else "auto"
         try:
-            fmt, rows = load_records(self.run.dataset_path, declared)
+            fmt, rows = load_records(self.run.dataset_file, declared)
         except DatasetError as exc:
             raise JobFailure(USER_ERROR, "bad_dataset", str(exc)) from exc
         fraction = self.spec.dataset.eval_fraction if self.spec.dataset else 0.0
@@ -164,7 +169,15 @@ class Trainer:
         if not trainable:
             raise JobFailure(USER_ERROR, "bad_lora_targets", "nothing to train: no parameter requires grad")
         self.trainable_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in trainable)
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=self.ds_config)
+        optimizer = None
+        if "optimizer" not in self.ds_config:
+            from worker._trainlib.modeling import build_optimizer
+
+            t = self.spec.training
+            optimizer = build_optimizer(t.optimizer.value, trainable, t.learning_rate, t.weight_decay,
+                                        self.run.device)
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, optimizer=optimizer,
+                                               config=self.ds_config)
         groups = self.engine.optimizer.param_groups
         self.peak_lrs = [float(g["lr"]) for g in groups]
         self.manual_schedule = "scheduler" not in self.ds_config
@@ -173,7 +186,7 @@ class Trainer:
         from worker._trainlib import modeling
 
         dtype = modeling.torch_dtype(self.run.resolved.precision, self.run.device)
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = modeling.attention_kwargs(self.spec)
         zero3 = int(self.ds_config.get("zero_optimization", {}).get("stage", 0)) == 3
         if zero3:
             from transformers.integrations.deepspeed import HfDeepSpeedConfig
@@ -182,8 +195,8 @@ class Trainer:
             # partitioned at construction, so no GPU ever holds the full model
             self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
         if self.spec.method.value == "qlora":
-            extra = modeling.qlora_kwargs(dtype)
-        model = modeling.load_causal_lm(self.run.model_path, dtype, **extra)
+            extra.update(modeling.qlora_kwargs(dtype))
+        model = modeling.load_causal_lm(self.run.model_dir, dtype, **extra)
         model.config.use_cache = False
         if self.spec.method.value == "qlora":
             from peft import prepare_model_for_kbit_training

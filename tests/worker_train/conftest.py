@@ -48,7 +48,8 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def make_spec(model: Path, dataset: Path, *, method: str = "lora", max_steps: int | None = 12,
               epochs: float | None = None, save_steps: int = 100, lr: float = 5e-3, fmt: str = "auto",
-              mbs: int = 4, ga: int = 1, eval_fraction: float = 0.1) -> dict[str, Any]:
+              mbs: int = 4, ga: int = 1, eval_fraction: float = 0.1, precision: str = "fp32"
+              ) -> dict[str, Any]:
     return {
         "name": "t", "model": {"path": str(model)},
         "dataset": {"path": str(dataset), "format": fmt, "eval_fraction": eval_fraction},
@@ -57,7 +58,7 @@ def make_spec(model: Path, dataset: Path, *, method: str = "lora", max_steps: in
         "training": {"epochs": epochs, "max_steps": max_steps, "learning_rate": lr,
                      "lr_scheduler": "constant", "warmup_ratio": 0.0, "micro_batch_size": mbs,
                      "gradient_accumulation_steps": ga, "seq_len": 64, "gradient_checkpointing": True,
-                     "precision": "fp32", "save_steps": save_steps, "seed": 7},
+                     "precision": precision, "save_steps": save_steps, "seed": 7},
         "resources": {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "none"},
         "eval": {"max_new_tokens": 8, "batch_size": 2, "num_samples": 2},
     }

@@ -205,3 +205,18 @@ def test_evaluate_failure_is_reported_not_raised(tmp_path: Path, tiny_model: Pat
     assert result.returncode == 2
     report = json.loads(out.read_text())
     assert (report["status"], report["reason"]) == ("failed", "bad_checkpoint")
+
+
+def test_runs_under_the_deepspeed_launcher(tmp_path: Path, tiny_model: Path) -> None:
+    """``deepspeed --module worker.train`` (it appends --local_rank) works on the CPU accelerator too."""
+    data = write_dataset(tmp_path / "sharegpt.jsonl", "sharegpt", n=24)
+    job = write_run(tmp_path / "job", make_spec(tiny_model, data, max_steps=2, save_steps=100))
+    env = cpu_env()
+    port = env.pop("MASTER_PORT")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        env.pop(key)
+    result = subprocess.run([sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", port,
+                             "--module", "worker.train", "--job-dir", str(job)],
+                            cwd=REPO, env=env, text=True, capture_output=True, timeout=300)
+    done = _done(job, result)
+    assert done["step"] == 2 and (Path(done["final_path"]) / "adapter_model.safetensors").is_file()

@@ -58,6 +58,41 @@ def load_causal_lm(path: Path, dtype: Any, **kwargs: Any) -> Any:
         raise JobFailure(USER_ERROR, "bad_model", f"cannot load the model in {path}: {exc}") from exc
 
 
+def attention_kwargs(spec: Any) -> dict[str, Any]:
+    """``attn_implementation`` for from_pretrained; flash attention is refused early when absent."""
+    impl = getattr(spec.training, "attn_implementation", None)
+    if impl is None:
+        return {}
+    if impl == "flash_attention_2":
+        try:
+            import flash_attn  # noqa: F401
+        except Exception as exc:
+            raise JobFailure(USER_ERROR, "attn_unavailable", "training.attn_implementation "
+                             f"flash_attention_2 needs the flash-attn package ({exc}); use sdpa") from exc
+    return {"attn_implementation": impl}
+
+
+def check_8bit_optimizer(device: str) -> None:
+    if device != "cuda":
+        raise JobFailure(USER_ERROR, "optimizer_unavailable", "training.optimizer adamw_8bit needs a CUDA "
+                         "GPU; use adamw")
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as exc:
+        raise JobFailure(USER_ERROR, "optimizer_unavailable", "training.optimizer adamw_8bit needs "
+                         f"bitsandbytes, which does not import here ({exc}); use adamw") from exc
+
+
+def build_optimizer(name: str, params: list[Any], lr: float, weight_decay: float, device: str) -> Any:
+    """The client optimizer for names the DeepSpeed config cannot declare (8-bit AdamW)."""
+    if name != "adamw_8bit":
+        return None
+    check_8bit_optimizer(device)
+    import bitsandbytes as bnb
+
+    return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+
+
 def check_qlora(device: str) -> None:
     """QLoRA needs bitsandbytes and a GPU; refuse before loading anything otherwise."""
     if device != "cuda":

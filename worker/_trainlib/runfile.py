@@ -72,11 +72,23 @@ class RunConfig:
     job_dir: Path
     job_id: str
     spec: JobSpec
-    model_path: Path
-    dataset_path: Path
+    model_path: Path | None  # None when the job names no local folder (the user's error, reported later)
+    dataset_path: Path | None
     resolved: Resolved
     deepspeed_config: dict[str, Any]
     device: str
+
+    @property
+    def model_dir(self) -> Path:
+        if self.model_path is None:
+            raise JobFailure(USER_ERROR, "bad_model", "model.path: training needs a local model folder")
+        return self.model_path
+
+    @property
+    def dataset_file(self) -> Path:
+        if self.dataset_path is None:
+            raise JobFailure(USER_ERROR, "bad_dataset", "dataset: training needs a dataset path or id")
+        return self.dataset_path
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -91,20 +103,53 @@ class RunConfig:
         return self.job_dir / "eval_split.jsonl"
 
 
+def _resolved(raw: dict[str, Any], spec: JobSpec, ds: dict[str, Any]) -> Resolved:
+    """The plan's resolved settings; a value the plan left out falls back to the DeepSpeed config or spec."""
+    t, r = spec.training, spec.resources
+
+    def pick(key: str, *fallbacks: Any) -> Any:
+        for value in (raw.get(key), *fallbacks):
+            if value is not None and value != "auto":
+                return value
+        return None
+
+    zero = ds.get("zero_optimization") or {}
+    return Resolved(
+        micro_batch_size=int(pick("micro_batch_size", ds.get("train_micro_batch_size_per_gpu"),
+                                  t.micro_batch_size, 1)),
+        gradient_accumulation_steps=int(pick("gradient_accumulation_steps",
+                                             ds.get("gradient_accumulation_steps"),
+                                             t.gradient_accumulation_steps)),
+        gradient_checkpointing=bool(pick("gradient_checkpointing", t.gradient_checkpointing, False)),
+        zero_stage=int(pick("zero_stage", zero.get("stage"), r.zero_stage, 0)),
+        offload_optimizer=str(pick("offload_optimizer", (zero.get("offload_optimizer") or {}).get("device"),
+                                   "none")),
+        offload_param=str(pick("offload_param", (zero.get("offload_param") or {}).get("device"), "none")),
+        num_gpus=int(pick("num_gpus", r.num_gpus, 1)),
+        precision=str(pick("precision", t.precision.value)),
+    )
+
+
+def _path(raw: dict[str, Any], key: str) -> Path | None:
+    value = raw.get(key)
+    return Path(value) if isinstance(value, str) and value.strip() else None
+
+
 def load_run(job_dir: Path) -> RunConfig:
     """Read and check ``job_dir/run.json``; a bad file is the system's fault (the worker wrote it)."""
     path = job_dir / "run.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        resolved = raw["resolved"]
+        spec = JobSpec.model_validate(raw["spec"])
+        ds = dict(raw.get("deepspeed_config") or {})
         return RunConfig(
             job_dir=job_dir,
             job_id=str(raw["job_id"]),
-            spec=JobSpec.model_validate(raw["spec"]),
-            model_path=Path(raw["model_path"]),
-            dataset_path=Path(raw["dataset_path"]),
-            resolved=Resolved(**{k: resolved[k] for k in Resolved.__dataclass_fields__}),
-            deepspeed_config=dict(raw.get("deepspeed_config") or {}),
+            spec=spec,
+            model_path=_path(raw, "model_path"),
+            dataset_path=_path(raw, "dataset_path"),
+            resolved=_resolved(dict(raw.get("resolved") or {}), spec, ds),
+            deepspeed_config=ds,
             device=str(raw.get("device", "cuda")),
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
