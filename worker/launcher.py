@@ -1,6 +1,6 @@
 """Starting and stopping a job's processes: the training ranks and the separate evaluation.
 
-Each run gets its own process group (a new session), so one signal reaches every rank and every
+Each run gets its own process group, so one signal reaches every rank and every
 child they spawn, and nothing outlives a cancel. Commands are argument lists, never a shell line.
 The job's folder ``DATA_DIR/jobs/<job_id>/`` holds ``run.json`` (what to run, built from the stored
 spec and plan), ``progress.jsonl`` (what the training reports), ``train.log`` and ``eval/``.
@@ -218,8 +218,14 @@ def _spawn(commands: list[tuple[list[str], dict[str, str]]], cwd: Path, log_path
     procs: list[subprocess.Popen[bytes]] = []
     with log_path.open("ab") as log:
         for argv, env in commands:
-            group: dict[str, Any] = ({"start_new_session": True} if not procs
-                                     else {"process_group": procs[0].pid})
+            group: dict[str, Any]
+            if not procs:
+                # a new session detaches the run from the worker's terminal and signals; but a
+                # process may only join a group of its own session, so several ranks share a new
+                # group in the worker's session instead
+                group = {"start_new_session": True} if len(commands) == 1 else {"process_group": 0}
+            else:
+                group = {"process_group": procs[0].pid}
             procs.append(subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                           stdout=log, stderr=subprocess.STDOUT, close_fds=True, **group))
     return ProcessGroup(procs=procs, pgid=procs[0].pid, log_path=log_path)

@@ -1,0 +1,78 @@
+"""The launcher: run.json from the stored spec and plan, the environment, one process group per run."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from store.db import session_scope
+from store.ids import new_id
+from store.models import Dataset
+from tests.worker.factories import job_plan, job_spec, make_job, make_user
+from tunebox.settings import Settings
+from worker import launcher
+from worker.leasing import Grant
+
+CPU2 = Grant(gpu_ids=(1, 2), indices=(0, 1), uuids=("cpu-0", "cpu-1"), exclusive=True)
+CUDA = Grant(gpu_ids=(7,), indices=(3,), uuids=("GPU-abc",), exclusive=True)
+
+
+def test_run_file_is_built_from_the_stored_spec_and_plan(db_url, tmp_path):
+    settings = Settings(data_dir=tmp_path)
+    plan = job_plan(num_gpus=2)
+    with session_scope(db_url) as s:
+        user = make_user(s)
+        ds = Dataset(id=new_id("ds"), owner_id=user.id, name="d", path=str(tmp_path / "d.jsonl"),
+                     format="alpaca", num_rows=3, size_bytes=10, sha256="0" * 64)
+        s.add(ds)
+        s.flush()
+        spec = job_spec(dataset={"id": ds.id}, model={"path": "models/tiny"})
+        job = make_job(s, user, spec=spec, plan=plan, dataset_id=ds.id)
+        run = launcher.build_run_file(s, job, CPU2, settings)
+    path = launcher.write_run_file(launcher.job_dir(settings, job.id), run)
+    written = json.loads(path.read_text())
+    assert written["job_id"] == job.id and written["spec"] == spec
+    assert written["resolved"] == plan["resolved"]
+    assert written["deepspeed_config"] == plan["deepspeed_config"]
+    assert written["dataset_path"] == str(tmp_path / "d.jsonl")
+    assert written["model_path"].startswith("/") and written["model_path"].endswith("models/tiny")
+    assert written["device"] == "cpu"
+    assert path.parent == tmp_path / "jobs" / job.id
+
+
+def test_environment_names_the_leased_cards(tmp_path):
+    settings = Settings(data_dir=tmp_path)
+    run = launcher.RunId("job_x", 2, "owner")
+    cuda = launcher.base_env(CUDA, settings, run, "train")
+    assert (cuda["CUDA_VISIBLE_DEVICES"], cuda["TUNEBOX_EXPECTED_GPU_UUIDS"]) == ("3", "GPU-abc")
+    assert cuda["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and "DS_ACCELERATOR" not in cuda
+    assert cuda["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "torch_extensions")
+    cpu = launcher.base_env(CPU2, settings, run, "train")
+    assert (cpu["CUDA_VISIBLE_DEVICES"], cpu["DS_ACCELERATOR"]) == ("", "cpu")
+    assert (cpu[launcher.ENV_JOB_ID], cpu[launcher.ENV_ATTEMPT]) == ("job_x", "2")
+
+
+def test_one_process_per_gpu_in_one_process_group(db_url, tmp_path):
+    settings = Settings(data_dir=tmp_path, train_module="tests.worker.fake_train")
+    with session_scope(db_url) as s:
+        job = make_job(s, make_user(s), spec=job_spec(name="fake:long"), plan=job_plan(num_gpus=2))
+        run = launcher.build_run_file(s, job, CPU2, settings)
+    directory = launcher.job_dir(settings, job.id)
+    launcher.write_run_file(directory, run)
+    group = launcher.start_training(directory, CPU2, settings, launcher.RunId(job.id, 1, "t"))
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(_lines(directory / "pids.txt")) < 2:
+            time.sleep(0.1)
+        rows = sorted(line.split() for line in _lines(directory / "pids.txt"))
+        assert {r[1] for r in rows} == {str(group.pgid)}  # every rank in the run's group
+        assert sorted(r[2] for r in rows) == ["0", "1"]
+        assert group.poll() is None
+    finally:
+        launcher.terminate(group, 2.0)
+    assert not launcher.group_alive(group.pgid)
+    assert group.poll() is not None and group.peak_rss_bytes
+
+
+def _lines(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
