@@ -114,6 +114,7 @@ class TrainingSpec(_Strict):
     precision: Precision = Precision.BF16
     optimizer: Optimizer = Optimizer.ADAMW
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     save_steps: Annotated[int, Field(ge=1, le=10_000_000)] = 200
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 42
 
@@ -137,6 +138,7 @@ class HardwareSpec(_Strict):
     gpu_name: Annotated[str, Field(max_length=128)] | None = None
     gpu_bf16_tflops: Annotated[float, Field(gt=0, le=100_000)] | None = None
     pcie_gbps: Annotated[float, Field(gt=0, le=10_000)] | None = None
+    nvme_path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
 
 
 class EvalSpec(_Strict):

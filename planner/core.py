@@ -1,0 +1,450 @@
+"""``plan(spec)``: from a job spec to a typed plan."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner import constants as C
+from planner.advice import Context, advise, warn
+from planner.arch import Arch, arch_from_config
+from planner.catalogue import lookup
+from planner.dsconfig import PinnedDeepSpeed, build_deepspeed_config, parse_pinned
+from planner.errors import PlanError
+from planner.evaluation import EvalMemory, estimate_eval
+from planner.facts import model_facts
+from planner.lora import resolve_lora
+from planner.memory import ModelFacts
+from planner.models import (
+    Alternative,
+    EvalEstimate,
+    HostMemory,
+    ModelSummary,
+    Note,
+    NvmeUsage,
+    PerGpuMemory,
+    Plan,
+    Resolved,
+)
+from planner.search import (
+    Bounds,
+    Candidate,
+    Choices,
+    all_choices,
+    changes_between,
+    cheapest_fixes,
+    enumerate_candidates,
+    rank_key,
+    ranked_alternatives,
+)
+from planner.setup import Device, Setup
+from planner.spec import AUTO, HardwareSpec, JobSpec
+from planner.speed import GpuRates
+
+__all__ = ["load_model_config", "plan", "prepare"]
+
+_ALTERNATIVES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A validated spec with the model resolved: what the search and estimators need."""
+
+    spec: JobSpec
+    arch: Arch
+    facts: ModelFacts
+    source: str | None
+    config_dtype_field: str | None
+    pinned: PinnedDeepSpeed
+    bounds: Bounds
+    rates: GpuRates
+    hardware: HardwareSpec
+
+
+def _as_spec(spec: JobSpec | Mapping[str, Any]) -> JobSpec:
+    if isinstance(spec, JobSpec):
+        return spec
+    try:
+        return JobSpec.model_validate(dict(spec))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "spec"
+        raise PlanError(field, first["msg"]) from exc
+
+
+def load_model_config(spec: JobSpec) -> tuple[dict[str, Any], str, str | None]:
+    """(config dict, spec location for errors, source) of ``spec.model``."""
+    ref = spec.model
+    if ref.config is not None:
+        return ref.config, "model.config", None
+    if ref.name is not None:
+        entry = lookup(ref.name)
+        return entry.config, "model.name", entry.source
+    assert ref.path is not None
+    path = Path(ref.path) / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise PlanError("model.path", f"{ref.path!r} has no config.json") from exc
+    except OSError as exc:
+        raise PlanError("model.path", f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanError("model.path", f"{path} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    if not isinstance(config, dict):
+        raise PlanError("model.path", f"{path} does not hold a JSON object")
+    return config, "model.path:config.json", str(path)
+
+
+def _fp32_dtype_field(config: Mapping[str, Any], where: str) -> str | None:
+    for key in ("torch_dtype", "dtype"):
+        if config.get(key) == "float32":
+            return f"{where}.{key}" if where == "model.config" else where
+    return None
+
+
+def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None = None) -> Prepared:
+    spec = _as_spec(spec_in)
+    hw = spec.hardware or hardware
+    if hw is None:
+        raise PlanError(
+            "hardware", "no hardware given: set spec.hardware or plan on a box with a known inventory"
+        )
+    config, where, source = load_model_config(spec)
+    arch = arch_from_config(config, where)
+    lora = None
+    if spec.method.value in ("lora", "qlora"):
+        lora = resolve_lora(arch, spec.lora.r, spec.lora.target_modules, spec.lora.dropout)
+    facts = model_facts(arch, spec.method.value, lora, spec.training.precision.value)
+    pinned = parse_pinned(spec.resources.deepspeed)
+    bounds = Bounds(hw.gpu_count, hw.gpu_memory_bytes, hw.host_memory_bytes, hw.nvme_bytes)
+    rates = GpuRates(
+        flops=hw.gpu_bf16_tflops * 1e12 if hw.gpu_bf16_tflops else C.DEFAULT_GPU_FLOPS,
+        pcie_bytes_per_s=hw.pcie_gbps * 1e9 if hw.pcie_gbps else C.PCIE_BYTES_PER_S,
+    )
+    return Prepared(spec, arch, facts, source, _fp32_dtype_field(config, where), pinned, bounds, rates, hw)
+
+
+# --- the search space from the spec -------------------------------------------------------------------
+
+
+def _device(value: object, pinned_device: object) -> tuple[Device, ...] | None:
+    if value != AUTO:
+        return (str(getattr(value, "value", value)),)  # type: ignore[return-value]
+    if pinned_device in ("none", "cpu", "nvme"):
+        return (pinned_device,)
+    return None
+
+
+def _stage(p: Prepared) -> tuple[int, ...] | None:
+    value = p.spec.resources.zero_stage
+    if value != AUTO:
+        if p.pinned.stage is not None and p.pinned.stage != value:
+            raise PlanError(
+                "resources.deepspeed.stage",
+                f"pins stage {p.pinned.stage} but resources.zero_stage is {value}",
+            )
+        return (int(value),)
+    return (p.pinned.stage,) if p.pinned.stage is not None else None
+
+
+def _check_explicit(
+    p: Prepared,
+    stages: tuple[int, ...] | None,
+    opt: tuple[Device, ...] | None,
+    par: tuple[Device, ...] | None,
+) -> None:
+    if par and par[0] != "none" and stages and stages[0] != 3:
+        raise PlanError("resources.offload_param", "parameter offload needs resources.zero_stage 3")
+    if opt and opt[0] != "none" and stages and stages[0] == 0:
+        raise PlanError("resources.offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3")
+    if opt and opt[0] != "none" and p.spec.training.optimizer.value == "adamw_8bit":
+        raise PlanError(
+            "training.optimizer",
+            "adamw_8bit (bitsandbytes) runs on the GPU only; with optimizer "
+            "offload use adamw (DeepSpeedCPUAdam)",
+        )
+
+
+def _choices(p: Prepared, base: Setup) -> tuple[Choices, bool]:
+    t, r = p.spec.training, p.spec.resources
+    gpus = None if r.num_gpus == AUTO else (int(r.num_gpus),)
+    micro = None if t.micro_batch_size == AUTO else (int(t.micro_batch_size),)
+    stages = _stage(p)
+    opt = _device(r.offload_optimizer, p.pinned.offload_optimizer.get("device"))
+    par = _device(r.offload_param, p.pinned.offload_param.get("device"))
+    ckpt = None if t.gradient_checkpointing == AUTO else (bool(t.gradient_checkpointing),)
+    _check_explicit(p, stages, opt, par)
+    global_batch = t.gradient_accumulation_steps * (micro[0] if micro else 1) * (gpus[0] if gpus else 1)
+    free = all_choices(base, p.bounds, global_batch)
+    auto = None in (gpus, micro, stages, opt, par, ckpt)
+    return Choices(
+        num_gpus=gpus or free.num_gpus,
+        micro_batch_size=micro,
+        zero_stage=stages or free.zero_stage,
+        offload_optimizer=opt or free.offload_optimizer,
+        offload_param=par or free.offload_param,
+        gradient_checkpointing=ckpt or free.gradient_checkpointing,
+        global_batch=global_batch,
+        explicit_accumulation=t.gradient_accumulation_steps if micro and gpus else None,
+    ), auto
+
+
+def _base_setup(p: Prepared) -> Setup:
+    t = p.spec.training
+    return Setup(
+        method=p.spec.method.value,
+        num_gpus=1,
+        zero_stage=0,
+        offload_optimizer="none",
+        offload_param="none",
+        micro_batch_size=1,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        seq_len=t.seq_len,
+        gradient_checkpointing=False,
+        precision=t.precision.value,
+        optimizer=t.optimizer.value,
+        attn_implementation=attention_for(p.arch, t.attn_implementation),
+        knobs=p.pinned.knobs,
+    )
+
+
+def attention_for(arch: Arch, requested: str) -> str:
+    # transformers 5 refuses SDPA for Gemma 2 (its soft-capping needs eager attention).
+    return "eager" if arch.model_type == "gemma2" else requested
+
+
+def _choose(p: Prepared, base: Setup) -> tuple[Candidate, list[Candidate], bool]:
+    choices, auto = _choices(p, base)
+    candidates = enumerate_candidates(p.facts, base, choices, p.bounds, p.rates)
+    if not candidates:
+        raise PlanError(
+            "training.gradient_accumulation_steps",
+            f"no way to split the global batch of {choices.global_batch} over the GPUs asked",
+        )
+    fitting = [c for c in candidates if c.fits]
+    if fitting:
+        return min(fitting, key=rank_key), candidates, auto
+    closest = min(
+        candidates, key=lambda c: (c.memory.total_bytes / p.bounds.gpu_usable, c.speed.step_seconds)
+    )
+    return closest, candidates, auto
+
+
+def _fix_space(p: Prepared, chosen: Candidate) -> list[Candidate]:
+    """Every configuration of the box around ``chosen``, for "what would make it fit"."""
+    base = chosen.setup
+    free = all_choices(base, p.bounds, base.global_batch)
+    candidates = enumerate_candidates(p.facts, base, free, p.bounds, p.rates)
+    if any(c.fits for c in candidates):
+        return candidates
+    # Change the job itself only when no configuration of it fits.
+    for method in ("lora", "qlora"):
+        if method == base.method or (base.method == "qlora"):
+            continue
+        other = prepare_method(p, method)
+        candidates += enumerate_candidates(other, base.with_(method=method), free, p.bounds, p.rates)
+        if any(c.fits for c in candidates):
+            return candidates
+    shorter = base.with_(seq_len=max(8, base.seq_len // 2))
+    return candidates + enumerate_candidates(p.facts, shorter, free, p.bounds, p.rates)
+
+
+def prepare_method(p: Prepared, method: str) -> ModelFacts:
+    lora = resolve_lora(p.arch, p.spec.lora.r, p.spec.lora.target_modules, p.spec.lora.dropout)
+    return model_facts(p.arch, method, lora, p.spec.training.precision.value)
+
+
+# --- output -------------------------------------------------------------------------------------------
+
+
+def _alternative(current: Setup, c: Candidate, reason: str) -> Alternative:
+    changes: dict[str, Any] = dict(changes_between(current, c.setup))
+    return Alternative(
+        changes=changes,
+        fits=c.fits,
+        per_gpu_total_bytes=c.memory.total_bytes,
+        host_total_bytes=c.memory.host.total_bytes,
+        estimated_step_seconds=round(c.speed.step_seconds, 6),
+        estimated_tokens_per_second=round(c.speed.tokens_per_second, 3),
+        reason=reason,
+    )
+
+
+def _alternatives(p: Prepared, chosen: Candidate, candidates: list[Candidate]) -> list[Alternative]:
+    if chosen.fits:
+        ranked = ranked_alternatives(chosen, candidates, _ALTERNATIVES)
+        base = chosen.speed.step_seconds
+        return [
+            _alternative(
+                chosen.setup,
+                c,
+                f"also fits; step time x{c.speed.step_seconds / base:.2f} of the chosen configuration",
+            )
+            for c in ranked
+        ]
+    fixes = cheapest_fixes(chosen.setup, _fix_space(p, chosen), _ALTERNATIVES)
+    return [
+        _alternative(chosen.setup, c, "cheapest change that fits" if i == 0 else "also fits")
+        for i, c in enumerate(fixes)
+    ]
+
+
+def _steps(spec: JobSpec, global_batch: int) -> int | None:
+    if spec.training.max_steps is not None:
+        return spec.training.max_steps
+    if spec.dataset is None or spec.dataset.num_rows is None or spec.training.epochs is None:
+        return None
+    train_rows = max(1, math.floor(spec.dataset.num_rows * (1 - spec.dataset.eval_fraction)))
+    return max(1, math.ceil(train_rows / global_batch * spec.training.epochs))
+
+
+def _per_gpu(c: Candidate, capacity: int) -> PerGpuMemory:
+    m, a = c.memory, c.memory.activations
+    return PerGpuMemory(
+        weights_bytes=m.weights_bytes,
+        gradients_bytes=m.gradients_bytes,
+        optimizer_states_bytes=m.optimizer_states_bytes,
+        activations_bytes=a.activations_bytes,
+        activations_checkpointed_bytes=a.activations_checkpointed_bytes,
+        activations_full_bytes=a.activations_full_bytes,
+        logits_bytes=a.logits_bytes,
+        zero_buffers_bytes=m.zero_buffers_bytes,
+        gathered_parameters_bytes=m.gathered_parameters_bytes,
+        optimizer_step_transient_bytes=m.step_transient_bytes,
+        cuda_context_bytes=m.cuda_context_bytes,
+        allocator_slack_bytes=m.allocator_slack_bytes,
+        forward_backward_bytes=m.forward_backward_bytes,
+        optimizer_step_bytes=m.optimizer_step_bytes,
+        peak_phase=m.peak_phase,
+        total_bytes=m.total_bytes,
+        capacity_bytes=capacity,
+    )
+
+
+def _host(c: Candidate, bounds: Bounds) -> HostMemory:
+    h = c.memory.host
+    return HostMemory(
+        process_bytes=h.process_bytes,
+        model_load_bytes=h.model_load_bytes,
+        optimizer_states_bytes=h.optimizer_states_bytes,
+        master_weights_bytes=h.master_weights_bytes,
+        gradients_bytes=h.gradients_bytes,
+        parameters_bytes=h.parameters_bytes,
+        pinned_buffers_bytes=h.pinned_buffers_bytes,
+        total_bytes=h.total_bytes,
+        capacity_bytes=bounds.host_bytes,
+        fits=h.total_bytes <= bounds.host_usable,
+    )
+
+
+def _model_summary(p: Prepared) -> ModelSummary:
+    a = p.arch
+    return ModelSummary(
+        model_type=a.model_type,
+        source=p.source,
+        num_parameters=a.num_parameters,
+        trainable_parameters=p.facts.trainable_parameters,
+        hidden_size=a.hidden_size,
+        intermediate_size=a.intermediate_size,
+        num_hidden_layers=a.num_layers,
+        num_attention_heads=a.num_heads,
+        num_key_value_heads=a.num_kv_heads,
+        head_dim=a.head_dim,
+        vocab_size=a.vocab_size,
+        max_position_embeddings=a.max_position_embeddings,
+        tie_word_embeddings=a.tie_word_embeddings,
+        torch_dtype=a.torch_dtype,
+    )
+
+
+def _resolved(s: Setup) -> Resolved:
+    return Resolved(
+        method=s.method,
+        num_gpus=s.num_gpus,
+        zero_stage=s.zero_stage,
+        offload_optimizer=s.offload_optimizer,
+        offload_param=s.offload_param,
+        micro_batch_size=s.micro_batch_size,
+        gradient_accumulation_steps=s.gradient_accumulation_steps,
+        global_batch_size=s.global_batch,
+        seq_len=s.seq_len,
+        gradient_checkpointing=s.gradient_checkpointing,
+        precision=s.precision,
+        optimizer=s.optimizer,
+        attn_implementation=s.attn_implementation,
+    )
+
+
+def _eval(p: Prepared, e: EvalMemory) -> EvalEstimate:
+    ev = p.spec.eval
+    return EvalEstimate(
+        weights_bytes=e.weights_bytes,
+        kv_cache_bytes=e.kv_cache_bytes,
+        activations_bytes=e.activations_bytes,
+        logits_bytes=e.logits_bytes,
+        cuda_context_bytes=e.cuda_context_bytes,
+        total_bytes=e.total_bytes,
+        capacity_bytes=p.bounds.gpu_bytes,
+        fits=e.total_bytes <= p.bounds.gpu_usable,
+        batch_size=ev.batch_size,
+        prompt_tokens=e.prompt_tokens,
+        max_new_tokens=ev.max_new_tokens,
+    )
+
+
+def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = None) -> Plan:
+    """Plan a job: does it fit, how fast, with which DeepSpeed config; "auto" filled."""
+    p = prepare(spec, hardware)
+    chosen, candidates, auto = _choose(p, _base_setup(p))
+    s = chosen.setup
+    e = estimate_eval(p.facts, s.precision, s.seq_len, p.spec.eval.max_new_tokens, p.spec.eval.batch_size)
+    requested = p.spec.resources.num_gpus
+    ctx = Context(
+        p.facts,
+        chosen,
+        p.bounds,
+        e,
+        p.spec.eval.when.value != "none",
+        p.config_dtype_field,
+        int(requested) if requested != AUTO else None,
+    )
+    warnings: list[Note] = warn(ctx)
+    steps = _steps(p.spec, s.global_batch)
+    ds = build_deepspeed_config(
+        s,
+        p.pinned,
+        learning_rate=p.spec.training.learning_rate,
+        weight_decay=p.spec.training.weight_decay,
+        nvme_path=p.hardware.nvme_path,
+    )
+    return Plan(
+        fits=chosen.fits,
+        margin_bytes=p.bounds.gpu_usable - chosen.memory.total_bytes,
+        num_gpus=s.num_gpus,
+        resolved=_resolved(s),
+        model=_model_summary(p),
+        per_gpu=_per_gpu(chosen, p.bounds.gpu_bytes),
+        host=_host(chosen, p.bounds),
+        nvme=NvmeUsage(
+            total_bytes=chosen.memory.nvme_bytes,
+            capacity_bytes=p.bounds.nvme_bytes,
+            fits=chosen.memory.nvme_bytes <= p.bounds.nvme_bytes,
+        ),
+        eval=_eval(p, e),
+        estimated_step_seconds=round(chosen.speed.step_seconds, 6),
+        estimated_tokens_per_second=round(chosen.speed.tokens_per_second, 3),
+        estimated_steps=steps,
+        estimated_duration_seconds=round(steps * chosen.speed.step_seconds, 3) if steps is not None else None,
+        deepspeed_config=ds,
+        alternatives=_alternatives(p, chosen, candidates),
+        warnings=warnings,
+        advice=advise(ctx, chosen.fits, auto),
+    )

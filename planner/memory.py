@@ -1,0 +1,359 @@
+"""GPU, host and NVMe memory of one training step, as DeepSpeed 0.19 lays the states out.
+
+Model states (per trainable parameter, mixed precision, T trainable, N GPUs):
+
+* stage 0 (bf16 → DeepSpeed's FP16_Optimizer in bf16): bf16 params and grads, fp32 master and
+  moments, all unpartitioned; fp32 gradients are flattened for the step.
+* stage 1/2 (``DeepSpeedZeroOptimizer``): bf16 params flat and whole; fp32 master and moments
+  partitioned; stage 1 keeps whole bf16 grads, stage 2 a bf16 partition (``grads_in_partition``);
+  ``contiguous_gradients`` allocates one ``reduce_bucket_size`` bf16 ipg buffer, two with
+  ``overlap_comm``, for every backward (freed at the step); the step flattens the partition and
+  upcasts it to fp32.
+* stage 3 (``DeepSpeedZeroOptimizer_Stage3``): bf16 param partitions, a bf16 gradient partition
+  buffer, a persistent fp32 gradient buffer of the largest sub-group, fp32 master and moments, one
+  ipg bucket; parameters of at most ``stage3_param_persistence_threshold`` elements stay whole on
+  every GPU; gathered parameters follow ``stage3_max_reuse_distance``, the prefetch bucket and
+  ``stage3_max_live_parameters`` (simulated over the module trace, see ``_gathered_bytes``).
+
+Offload moves master, moments and fp32 grads (optimizer) or the bf16 partitions (params) to
+pinned host memory; torch's pinned-memory allocator rounds every block up to a power of two.
+The device peak is the larger of two phases — forward/backward and the optimizer step — plus
+the allocator's slack and the CUDA context, which NVML counts and torch does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner import constants as C
+from planner.activations import ActivationEstimate, estimate_activations
+from planner.arch import Arch
+from planner.lora import LoraTargets
+from planner.setup import Setup
+
+__all__ = [
+    "HostEstimate",
+    "MemoryEstimate",
+    "ModelFacts",
+    "NF4_BYTES_PER_PARAM",
+    "estimate_memory",
+    "moment_bytes_per_param",
+    "weight_bytes",
+]
+
+#: NF4 with double quantisation: 4 bits, one 8-bit absmax per 64-block, one fp32 per 256 blocks.
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+_FP32 = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    numel: int
+    elem_bytes: float
+    trainable: bool
+    copies: int  # how many such tensors the model holds (one per layer, or one)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    """The model as the estimators need it: architecture, adapters and tensors."""
+
+    arch: Arch
+    lora: LoraTargets | None
+    tensors: tuple[Tensor, ...]
+    layer_tensors: tuple[Tensor, ...]
+    num_parameters: int  # base model
+    trainable_parameters: int
+
+    @property
+    def total_parameters(self) -> int:
+        return self.num_parameters + (self.lora.trainable_parameters if self.lora else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class HostEstimate:
+    process_bytes: int
+    model_load_bytes: int
+    optimizer_states_bytes: int
+    master_weights_bytes: int
+    gradients_bytes: int
+    parameters_bytes: int
+    pinned_buffers_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_states_bytes: int
+    activations: ActivationEstimate
+    zero_buffers_bytes: int
+    gathered_parameters_bytes: int
+    step_transient_bytes: int
+    cuda_context_bytes: int
+    allocator_slack_bytes: int
+    forward_backward_bytes: int  # allocated at the forward/backward peak
+    optimizer_step_bytes: int  # allocated at the optimizer-step peak
+    total_bytes: int  # what NVML shows for the busiest GPU
+    host: HostEstimate
+    nvme_bytes: int
+
+    @property
+    def peak_phase(self) -> str:
+        return (
+            "forward_backward"
+            if self.forward_backward_bytes >= self.optimizer_step_bytes
+            else "optimizer_step"
+        )
+
+
+def weight_bytes(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def moment_bytes_per_param(optimizer: str) -> float:
+    """Optimizer state besides the fp32 master copy, per trainable parameter."""
+    if optimizer == "adamw":
+        return 8.0
+    if optimizer == "adamw_8bit":  # two uint8 states + fp32 absmax per 2048-block
+        return 2.0 + 2 * 4 / 2048
+    return 4.0  # lion: one momentum; sgd: one momentum buffer
+
+
+def _pinned(nbytes: float, pin: bool) -> int:
+    if not pin or nbytes <= 0:
+        return int(nbytes)
+    return 1 << (int(nbytes) - 1).bit_length()
+
+
+def _sum(tensors: tuple[Tensor, ...], *, trainable: bool | None = None, above: int = -1) -> float:
+    return sum(
+        t.numel * t.elem_bytes * t.copies
+        for t in tensors
+        if (trainable is None or t.trainable == trainable) and t.numel > above
+    )
+
+
+# --- model states on the GPU -----------------------------------------------------------------------
+
+
+def _device_weights(facts: ModelFacts, s: Setup) -> float:
+    if s.zero_stage < 3:
+        return _sum(facts.tensors)
+    threshold = s.knobs.param_persistence_threshold
+    persistent = _sum(facts.tensors) - _sum(facts.tensors, above=threshold)
+    partitioned = _sum(facts.tensors, above=threshold)
+    return persistent + (0 if s.offload_param != "none" else partitioned / s.num_gpus)
+
+
+def _partition(s: Setup) -> int:
+    return 1 if s.zero_stage == 0 else s.num_gpus
+
+
+def _device_gradients(facts: ModelFacts, s: Setup, w: int) -> float:
+    t = facts.trainable_parameters
+    if s.zero_stage <= 1:
+        persistent = w * t + (w * t / s.num_gpus if s.zero_stage == 1 and s.knobs.contiguous_gradients else 0)
+    elif s.zero_stage == 2:
+        persistent = w * t / s.num_gpus
+    elif s.offload_optimizer != "none":
+        persistent = 0.0
+    else:
+        part = t / s.num_gpus
+        persistent = w * part + _FP32 * min(part, s.knobs.sub_group_size)
+    largest = facts.arch.largest_param if s.method == "full" else _largest_trainable(facts)
+    return persistent + w * largest  # autograd's .grad of one tensor before its hook takes it
+
+
+def _largest_trainable(facts: ModelFacts) -> int:
+    return max((t.numel for t in facts.tensors if t.trainable), default=0)
+
+
+def _device_optimizer(facts: ModelFacts, s: Setup) -> float:
+    if s.offload_optimizer != "none":
+        return 0.0
+    per_param = _FP32 + moment_bytes_per_param(s.optimizer)
+    return per_param * facts.trainable_parameters / _partition(s)
+
+
+def _step_transient(facts: ModelFacts, s: Setup, w: int) -> float:
+    part = facts.trainable_parameters / _partition(s)
+    if s.offload_optimizer != "none":
+        return 0.0
+    if s.zero_stage == 3:
+        return w * min(part, s.knobs.sub_group_size)  # flattened bf16 grads of one sub-group
+    return (w + _FP32) * part  # flattened bf16 partition and its fp32 upcast
+
+
+def _zero_buffers(facts: ModelFacts, s: Setup, w: int) -> tuple[float, float]:
+    """(forward/backward, optimizer step) bytes of ZeRO's communication buffers."""
+    k = s.knobs
+    if s.zero_stage in (1, 2) and k.contiguous_gradients:
+        buckets = (2 if k.overlap_comm else 1) * k.reduce_bucket_size * w
+        return float(buckets), 0.0  # released at every step
+    if s.zero_stage == 3 and k.contiguous_gradients:
+        return float(k.reduce_bucket_size * w), float(k.reduce_bucket_size * w)
+    if s.zero_stage == 0 and s.num_gpus > 1:
+        return float(min(facts.trainable_parameters, k.allgather_bucket_size) * w), 0.0
+    return 0.0, 0.0
+
+
+# --- ZeRO-3 gathered parameters ----------------------------------------------------------------------
+
+
+def _trace(facts: ModelFacts, s: Setup) -> list[tuple[str, int, float, float]]:
+    """Module trace of one micro-step at layer granularity: (unit, numel, bytes, largest module bytes)."""
+    thr = s.knobs.param_persistence_threshold
+    lay = facts.layer_tensors
+    layer_numel = int(sum(t.numel * t.copies for t in lay if t.numel > thr))
+    layer_bytes = _sum(lay, above=thr)
+    largest = max((t.numel * t.elem_bytes for t in lay if t.numel > thr), default=0.0)
+    arch = facts.arch
+    emb = arch.embedding_params if arch.embedding_params > thr else 0
+    emb_bytes = emb * (_FP32 if s.precision == "fp32" else 2)
+    head = "E" if arch.tie_word_embeddings else "H"
+    head_numel = emb if arch.tie_word_embeddings or arch.vocab_size * arch.hidden_size > thr else 0
+    trace: list[tuple[str, int, float, float]] = [("E", emb, float(emb_bytes), float(emb_bytes))]
+    trace += [(f"L{i}", layer_numel, layer_bytes, largest) for i in range(arch.num_layers)]
+    trace.append((head, head_numel, emb_bytes, emb_bytes))
+    trace.append((head, head_numel, emb_bytes, emb_bytes))
+    for i in reversed(range(arch.num_layers)):
+        if s.gradient_checkpointing:
+            trace.append((f"L{i}", layer_numel, layer_bytes, largest))
+        trace.append((f"L{i}", layer_numel, layer_bytes, largest))
+    trace.append(("E", emb, emb_bytes, emb_bytes))
+    return trace
+
+
+def _gathered_bytes(facts: ModelFacts, s: Setup) -> float:
+    """Peak bytes of whole (gathered) parameters, replaying DeepSpeed's release rule.
+
+    After a module runs, its parameters stay gathered if they are used again within
+    ``stage3_max_reuse_distance`` elements of the trace; prefetching fetches up to
+    ``stage3_prefetch_bucket_size`` elements ahead while fewer than ``stage3_max_live_parameters``
+    are live. With one GPU and no parameter offload the "gathered" tensor is the partition itself.
+    """
+    if s.zero_stage != 3 or (s.num_gpus == 1 and s.offload_param == "none"):
+        return 0.0
+    trace = _trace(facts, s)
+    n = len(trace)
+    prefix = [0]
+    for _, numel, _, _ in trace:
+        prefix.append(prefix[-1] + numel)
+    next_use: list[int | None] = [None] * n
+    seen: dict[str, int] = {}
+    for t in range(n - 1, -1, -1):
+        next_use[t] = seen.get(trace[t][0])
+        seen[trace[t][0]] = t
+    held_bytes = [0.0] * (n + 1)
+    held_numel = [0] * (n + 1)
+    kept_after = [False] * n
+    for t, (_, numel, nbytes, _) in enumerate(trace):
+        nxt = next_use[t]
+        if nxt is not None and prefix[nxt] - prefix[t + 1] < s.knobs.max_reuse_distance and nxt > t + 1:
+            kept_after[t] = True
+            held_bytes[t + 1] += nbytes
+            held_bytes[nxt] -= nbytes
+            held_numel[t + 1] += numel
+            held_numel[nxt] -= numel
+    peak = 0.0
+    live_bytes, live_numel = 0.0, 0
+    elem = _FP32 if s.precision == "fp32" else 2
+    for t, (_, _numel, nbytes, largest) in enumerate(trace):
+        live_bytes += held_bytes[t]
+        live_numel += held_numel[t]
+        current = nbytes if kept_after[t] or (t + 1 < n and trace[t + 1][0] == trace[t][0]) else largest
+        budget = min(s.knobs.prefetch_bucket_size, s.knobs.max_live_parameters - live_numel)
+        prefetch = max(0, min(budget, prefix[n] - prefix[t + 1])) * elem
+        peak = max(peak, live_bytes + current + prefetch)
+    return peak
+
+
+# --- host and NVMe ------------------------------------------------------------------------------------
+
+
+def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
+    n, t = s.num_gpus, facts.trainable_parameters
+    pin = s.knobs.pin_memory
+    part = t / (1 if s.zero_stage == 0 else n)
+    master = optimizer = grads = params = pinned = 0.0
+    nvme = 0.0
+    moments = moment_bytes_per_param(s.optimizer)
+    if s.offload_optimizer == "cpu":
+        sub = min(part, s.knobs.sub_group_size) if s.zero_stage == 3 else part
+        groups = max(1, -(-int(part) // int(sub))) if sub else 1
+        master = n * groups * _pinned(_FP32 * sub, pin)
+        grads = n * groups * _pinned(_FP32 * sub, pin)
+        if s.zero_stage == 3:
+            grads += n * _pinned(w * part, pin)  # bf16 gradient partition buffer lives on the host
+        elif s.gradient_accumulation_steps > 1:
+            grads += n * w * part  # per-parameter accumulation buffers across micro-steps
+        optimizer = moments * t
+    elif s.offload_optimizer == "nvme":
+        nvme += (_FP32 + moments + _FP32) * t
+        sub = min(part, s.knobs.sub_group_size)
+        pinned += n * s.knobs.optimizer_buffer_count * _pinned(_FP32 * sub, pin)
+    if s.zero_stage == 3 and s.offload_param == "cpu":
+        thr = s.knobs.param_persistence_threshold
+        params = n * sum(
+            _pinned(tn.numel * tn.elem_bytes / n, pin) * tn.copies for tn in facts.tensors if tn.numel > thr
+        )
+    elif s.zero_stage == 3 and s.offload_param == "nvme":
+        nvme += _sum(facts.tensors, above=s.knobs.param_persistence_threshold)
+        pinned += n * s.knobs.param_buffer_count * _pinned(s.knobs.param_buffer_size * w, pin)
+    # Stages 0-2 build the model on the host before moving it; ZeRO-3's zero.Init builds it in place.
+    load = n * _sum(facts.tensors) if s.zero_stage < 3 else 0.0
+    resident = master + optimizer + grads + params + pinned
+    process = n * C.HOST_PROCESS_BYTES
+    total = process + max(load, resident)
+    host = HostEstimate(
+        process_bytes=process,
+        model_load_bytes=int(load),
+        optimizer_states_bytes=int(optimizer),
+        master_weights_bytes=int(master),
+        gradients_bytes=int(grads),
+        parameters_bytes=int(params),
+        pinned_buffers_bytes=int(pinned),
+        total_bytes=int(total),
+    )
+    return host, int(nvme)
+
+
+# --- the estimate -------------------------------------------------------------------------------------
+
+
+def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
+    w = weight_bytes(s.precision)
+    weights = _device_weights(facts, s)
+    grads = _device_gradients(facts, s, w)
+    optim = _device_optimizer(facts, s)
+    acts = estimate_activations(facts.arch, s, facts.lora)
+    buf_fb, buf_step = _zero_buffers(facts, s, w)
+    gathered = _gathered_bytes(facts, s)
+    step_tmp = _step_transient(facts, s, w)
+    persistent_grads = grads - w * (
+        facts.arch.largest_param if s.method == "full" else _largest_trainable(facts)
+    )
+    forward_backward = weights + grads + optim + acts.peak_bytes + buf_fb + gathered
+    step = weights + persistent_grads + optim + step_tmp + buf_step
+    allocated = max(forward_backward, step)
+    slack = C.ALLOCATOR_SLACK_FRACTION * allocated
+    context = C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0)
+    host, nvme = _host(facts, s, w)
+    return MemoryEstimate(
+        weights_bytes=int(weights),
+        gradients_bytes=int(grads),
+        optimizer_states_bytes=int(optim),
+        activations=acts,
+        zero_buffers_bytes=int(max(buf_fb, buf_step)),
+        gathered_parameters_bytes=int(gathered),
+        step_transient_bytes=int(step_tmp),
+        cuda_context_bytes=int(context),
+        allocator_slack_bytes=int(slack),
+        forward_backward_bytes=int(forward_backward),
+        optimizer_step_bytes=int(step),
+        total_bytes=int(allocated + slack + context),
+        host=host,
+        nvme_bytes=nvme,
+    )

@@ -1,0 +1,158 @@
+"""The plan: what ``tunebox plan SPEC --json`` prints and ``POST /v1/plans`` returns.
+
+Every size is in bytes, every time in seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = [
+    "Alternative",
+    "EvalEstimate",
+    "HostMemory",
+    "ModelSummary",
+    "Note",
+    "NvmeUsage",
+    "PerGpuMemory",
+    "Plan",
+    "Resolved",
+]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Note(_Out):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class Resolved(_Out):
+    """The configuration the worker runs: every "auto" of the spec filled."""
+
+    method: str
+    num_gpus: int
+    zero_stage: int
+    offload_optimizer: str
+    offload_param: str
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    global_batch_size: int
+    seq_len: int
+    gradient_checkpointing: bool
+    precision: str
+    optimizer: str
+    attn_implementation: str
+
+
+class ModelSummary(_Out):
+    model_type: str
+    source: str | None
+    num_parameters: int
+    trainable_parameters: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    torch_dtype: str | None
+
+
+class PerGpuMemory(_Out):
+    """Device memory of the busiest GPU. Terms are each at their own peak; ``total_bytes`` is the
+    larger of the two phases (forward/backward, optimizer step) plus slack and CUDA context —
+    what NVML shows for the training process."""
+
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_states_bytes: int
+    activations_bytes: int
+    activations_checkpointed_bytes: int
+    activations_full_bytes: int
+    logits_bytes: int
+    zero_buffers_bytes: int
+    gathered_parameters_bytes: int
+    optimizer_step_transient_bytes: int
+    cuda_context_bytes: int
+    allocator_slack_bytes: int
+    forward_backward_bytes: int
+    optimizer_step_bytes: int
+    peak_phase: str
+    total_bytes: int
+    capacity_bytes: int
+
+
+class HostMemory(_Out):
+    """Host RAM of all training processes together (resident set)."""
+
+    process_bytes: int
+    model_load_bytes: int
+    optimizer_states_bytes: int
+    master_weights_bytes: int
+    gradients_bytes: int
+    parameters_bytes: int
+    pinned_buffers_bytes: int
+    total_bytes: int
+    capacity_bytes: int
+    fits: bool
+
+
+class NvmeUsage(_Out):
+    total_bytes: int
+    capacity_bytes: int
+    fits: bool
+
+
+class EvalEstimate(_Out):
+    """The separate evaluation process: the model in inference plus generation's KV cache."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    activations_bytes: int
+    logits_bytes: int
+    cuda_context_bytes: int
+    total_bytes: int
+    capacity_bytes: int
+    fits: bool
+    batch_size: int
+    prompt_tokens: int
+    max_new_tokens: int
+
+
+class Alternative(_Out):
+    changes: dict[str, Any]
+    fits: bool
+    per_gpu_total_bytes: int
+    host_total_bytes: int
+    estimated_step_seconds: float
+    estimated_tokens_per_second: float
+    reason: str
+
+
+class Plan(_Out):
+    fits: bool
+    margin_bytes: int
+    num_gpus: int
+    resolved: Resolved
+    model: ModelSummary
+    per_gpu: PerGpuMemory
+    host: HostMemory
+    nvme: NvmeUsage
+    eval: EvalEstimate
+    estimated_step_seconds: float
+    estimated_tokens_per_second: float
+    estimated_steps: int | None
+    estimated_duration_seconds: float | None
+    deepspeed_config: dict[str, Any]
+    alternatives: list[Alternative]
+    warnings: list[Note]
+    advice: list[Note]

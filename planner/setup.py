@@ -1,0 +1,60 @@
+"""A fully resolved training configuration: what the estimators take (no "auto" left)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+__all__ = ["Device", "Method", "OptimizerName", "Precision", "Setup", "ZeroKnobs"]
+
+Method = Literal["full", "lora", "qlora"]
+Precision = Literal["bf16", "fp16", "fp32"]
+OptimizerName = Literal["adamw", "adamw_8bit", "lion", "sgd"]
+Device = Literal["none", "cpu", "nvme"]
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroKnobs:
+    """The ZeRO settings that change memory. Defaults: the field report's skeleton."""
+
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    prefetch_bucket_size: int = 500_000_000
+    param_persistence_threshold: int = 100_000
+    max_live_parameters: int = 1_000_000_000
+    max_reuse_distance: int = 1_000_000_000
+    sub_group_size: int = 1_000_000_000
+    overlap_comm: bool = True
+    contiguous_gradients: bool = True
+    pin_memory: bool = True
+    optimizer_buffer_count: int = 4
+    param_buffer_count: int = 5
+    param_buffer_size: int = 100_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    method: Method
+    num_gpus: int
+    zero_stage: int
+    offload_optimizer: Device
+    offload_param: Device
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    seq_len: int
+    gradient_checkpointing: bool
+    precision: Precision
+    optimizer: OptimizerName
+    attn_implementation: str = "sdpa"
+    knobs: ZeroKnobs = ZeroKnobs()
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch_size * self.seq_len
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.num_gpus
+
+    def with_(self, **changes: object) -> Setup:
+        return replace(self, **changes)  # type: ignore[arg-type]

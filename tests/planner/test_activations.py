@@ -1,0 +1,114 @@
+"""Activation bytes against what autograd really saves in HF models (bf16, on the CPU).
+
+``saved_tensors_hooks`` sees every tensor a forward keeps for backward; their distinct storages,
+parameters excluded, are the activation memory at the end of the forward pass. Dropout is 0 here:
+the CPU kernel keeps its mask in the input's dtype, the CUDA one as a bool (what the planner counts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from planner import Setup, arch_from_config, resolve_lora
+from planner.activations import estimate_activations, saved_after_forward_bytes
+from tests.planner.support import TINY_CONFIGS
+
+CASES = [
+    ("llama", "full", None, "sdpa"),
+    ("llama-biases-untied", "full", None, "sdpa"),
+    ("qwen2", "lora", ["q_proj", "v_proj"], "sdpa"),
+    ("llama", "lora", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "sdpa"),
+    ("qwen3", "full", None, "sdpa"),
+    ("mistral", "full", None, "sdpa"),
+    ("gemma", "full", None, "sdpa"),
+    ("phi3", "full", None, "sdpa"),
+    ("phi3", "lora", ["qkv_proj", "o_proj"], "sdpa"),
+    ("llama", "full", None, "eager"),
+    ("gemma2", "full", None, "eager"),
+    ("gemma2", "lora", ["q_proj", "v_proj"], "eager"),
+]
+
+
+def _measure(
+    config: dict[str, Any], method: str, targets: list[str] | None, attn: str, batch: int, seq: int
+) -> int:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = dict(config)
+    hf_config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    model = transformers.AutoModelForCausalLM.from_config(
+        hf_config, dtype=torch.bfloat16, attn_implementation=attn
+    )
+    if method == "lora":
+        peft = pytest.importorskip("peft")
+        lora_config = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets)
+        model = peft.get_peft_model(model, lora_config).to(torch.bfloat16)
+    model.train()
+    kept: list[Any] = []
+
+    def pack(t: Any) -> Any:
+        kept.append(t)
+        return t
+
+    ids = torch.randint(0, config["vocab_size"], (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kept}
+    return sum(n for ptr, n in storages.items() if ptr not in params)
+
+
+def _setup(method: str, attn: str, batch: int, seq: int, checkpointing: bool = False) -> Setup:
+    return Setup(
+        method=method,
+        num_gpus=1,
+        zero_stage=0,
+        offload_optimizer="none",  # type: ignore[arg-type]
+        offload_param="none",
+        micro_batch_size=batch,
+        gradient_accumulation_steps=1,
+        seq_len=seq,
+        gradient_checkpointing=checkpointing,
+        precision="bf16",
+        optimizer="adamw",
+        attn_implementation=attn,
+    )
+
+
+@pytest.mark.parametrize(("family", "method", "targets", "attn"), CASES)
+def test_saved_activations_match_autograd(
+    family: str, method: str, targets: list[str] | None, attn: str
+) -> None:
+    config = TINY_CONFIGS[family]
+    arch = arch_from_config(config)
+    lora = resolve_lora(arch, 8, targets, 0.0) if targets else None
+    batch, seq = 2, 64
+    predicted = saved_after_forward_bytes(arch, _setup(method, attn, batch, seq), lora)
+    measured = _measure(config, method, targets, attn, batch, seq)
+    # What is left out: RoPE's cos/sin (one per batch, not per token) and the labels.
+    assert abs(predicted / measured - 1) < 0.015, (predicted, measured)
+
+
+def test_eager_attention_grows_with_the_square_of_seq() -> None:
+    arch = arch_from_config(TINY_CONFIGS["llama"])
+    per_token = [
+        estimate_activations(arch, _setup("full", "eager", 1, s), None).activations_full_bytes / s
+        for s in (256, 512)
+    ]
+    sdpa = [
+        estimate_activations(arch, _setup("full", "sdpa", 1, s), None).activations_full_bytes / s
+        for s in (256, 512)
+    ]
+    assert sdpa[0] == pytest.approx(sdpa[1], rel=0.02)  # linear in seq: constant per token
+    assert per_token[1] - per_token[0] > 0.5 * (per_token[0] - sdpa[0])  # quadratic part doubles
+
+
+def test_checkpointing_keeps_one_hidden_state_per_layer() -> None:
+    arch = arch_from_config(TINY_CONFIGS["llama"])
+    full = estimate_activations(arch, _setup("full", "sdpa", 4, 512), None)
+    ckpt = estimate_activations(arch, _setup("full", "sdpa", 4, 512, checkpointing=True), None)
+    assert ckpt.activations_bytes < full.activations_bytes
+    assert ckpt.activations_checkpointed_bytes == full.activations_checkpointed_bytes
+    assert ckpt.logits_bytes == full.logits_bytes == 12 * arch.vocab_size * 4 * 512  # three fp32 V-sized

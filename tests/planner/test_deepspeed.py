@@ -1,0 +1,229 @@
+"""Model states against DeepSpeed's own arithmetic; generated configs against its config models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from planner import (
+    Setup,
+    ZeroKnobs,
+    arch_from_config,
+    estimate_memory,
+    model_facts,
+    plan,
+    to_hf_trainer_config,
+)
+from planner.catalogue import catalogue
+from planner.dsconfig import OFFLOAD_OPTIMIZER_KEYS, OFFLOAD_PARAM_KEYS, ZERO_KEYS
+from tests.planner.support import hardware, job
+
+# The ds_config tests read DeepSpeed's pydantic models; they need no distributed setup.
+ds_zero = pytest.importorskip("deepspeed.runtime.zero.config")
+
+
+def _facts(name: str = "Qwen/Qwen2.5-7B") -> Any:
+    return model_facts(arch_from_config(catalogue()[name].config), "full", None, "bf16")
+
+
+def _setup(**kw: Any) -> Setup:
+    base: dict[str, Any] = dict(
+        method="full",
+        num_gpus=1,
+        zero_stage=2,
+        offload_optimizer="none",
+        offload_param="none",
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        seq_len=512,
+        gradient_checkpointing=True,
+        precision="bf16",
+        optimizer="adamw",
+        knobs=ZeroKnobs(param_persistence_threshold=0),
+    )
+    base.update(kw)
+    return Setup(**base)
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_zero2_states_match_deepspeed(gpus: int) -> None:
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    facts = _facts()
+    p = facts.trainable_parameters
+    m = estimate_memory(facts, _setup(num_gpus=gpus))
+    _, ds_gpu = estimate_zero2_model_states_mem_needs(p, num_gpus_per_node=gpus, cpu_offload=False)
+    # DeepSpeed: 2 (bf16 params) + 18/N (2 bf16 grads + 4 fp32 grads + 4 fp32 master + 8 moments).
+    # Ours at the optimizer step: the same terms (fp32 grads exist then, with the bf16 flat copy).
+    ours = m.weights_bytes + (2 * p) // gpus + m.optimizer_states_bytes + 4 * p // gpus
+    assert abs(ours - ds_gpu) <= gpus
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4])
+def test_zero2_offload_host_states_match_deepspeed(gpus: int) -> None:
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    facts = _facts()
+    p = facts.trainable_parameters
+    s = _setup(
+        num_gpus=gpus,
+        offload_optimizer="cpu",
+        gradient_accumulation_steps=1,
+        knobs=ZeroKnobs(pin_memory=False),
+    )
+    m = estimate_memory(facts, s)
+    ds_cpu, ds_gpu = estimate_zero2_model_states_mem_needs(
+        p, num_gpus_per_node=gpus, cpu_offload=True, additional_buffer_factor=1.0
+    )
+    host_states = m.host.master_weights_bytes + m.host.gradients_bytes + m.host.optimizer_states_bytes
+    assert abs(host_states - ds_cpu) <= 16 * gpus  # 16 B/param: fp32 master, grads, two moments
+    assert m.weights_bytes == ds_gpu
+
+
+@pytest.mark.parametrize(("gpus", "offload"), [(1, False), (4, False), (8, False), (2, True), (8, True)])
+def test_zero3_states_match_deepspeed(gpus: int, offload: bool) -> None:
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    facts = _facts()
+    p = facts.trainable_parameters
+    largest = facts.arch.largest_param
+    s = _setup(
+        num_gpus=gpus,
+        zero_stage=3,
+        offload_optimizer="cpu" if offload else "none",
+        offload_param="cpu" if offload else "none",
+        # One sub-group, as DeepSpeed's estimate assumes (with several, only the largest
+        # sub-group's fp32 gradients are resident at a time).
+        knobs=ZeroKnobs(param_persistence_threshold=0, pin_memory=False, sub_group_size=10**12),
+    )
+    m = estimate_memory(facts, s)
+    ds_cpu, ds_gpu, largest_mem = estimate_zero3_model_states_mem_needs(
+        p,
+        largest,
+        num_gpus_per_node=gpus,
+        cpu_offload=offload,
+        cpu_offload_params=offload,
+        additional_buffer_factor=1.0,
+    )
+    if offload:
+        # DeepSpeed: 18 B/param on the host (bf16 params + fp32 master, grads, moments) — ours adds
+        # the bf16 gradient partition buffer stage3.py keeps there (grad_partitions_flat_buffer).
+        host = (
+            m.host.parameters_bytes
+            + m.host.master_weights_bytes
+            + m.host.gradients_bytes
+            + m.host.optimizer_states_bytes
+        )
+        assert abs(host - 2 * p - ds_cpu) <= 32 * gpus
+        assert m.weights_bytes == 0 and m.optimizer_states_bytes == 0
+    else:
+        # DeepSpeed: 18/N (bf16 params + fp32 master, grads, moments); stage3.py also keeps the bf16
+        # gradient partition buffer, 2/N more, which its estimate leaves out.
+        ours = m.weights_bytes + m.optimizer_states_bytes + (m.gradients_bytes - 2 * largest) - 2 * p // gpus
+        assert abs(ours - (ds_gpu - largest_mem)) <= 8 * gpus
+
+
+def _installed_keys(model: Any) -> set[str]:
+    return {f.alias or name for name, f in model.model_fields.items()}
+
+
+def test_zero_keys_match_installed_deepspeed() -> None:
+    from deepspeed.runtime.zero.offload_config import (
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
+    )
+
+    deprecated = {
+        "cpu_offload",
+        "cpu_offload_param",
+        "cpu_offload_use_pin_memory",
+        "stage3_gather_fp16_weights_on_model_save",
+    }
+    assert _installed_keys(ds_zero.DeepSpeedZeroConfig) - deprecated == set(ZERO_KEYS)
+    assert _installed_keys(DeepSpeedZeroOffloadOptimizerConfig) == set(OFFLOAD_OPTIMIZER_KEYS)
+    assert _installed_keys(DeepSpeedZeroOffloadParamConfig) == set(OFFLOAD_PARAM_KEYS)
+
+
+CONFIG_CASES: list[dict[str, Any]] = [
+    {"zero_stage": 0, "offload_optimizer": "none", "offload_param": "none"},
+    {"zero_stage": 1, "offload_optimizer": "none", "offload_param": "none"},
+    {"zero_stage": 2, "offload_optimizer": "cpu", "offload_param": "none"},
+    {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+    {
+        "zero_stage": 3,
+        "offload_optimizer": "nvme",
+        "offload_param": "nvme",
+        "deepspeed": {"stage3_max_live_parameters": 3e8, "offload_param": {"buffer_count": 6}},
+    },
+]
+
+
+@pytest.mark.parametrize("resources", CONFIG_CASES)
+@pytest.mark.parametrize("optimizer", ["adamw", "lion", "sgd", "adamw_8bit"])
+def test_generated_config_is_accepted_by_deepspeed(resources: dict[str, Any], optimizer: str) -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    if optimizer == "adamw_8bit" and resources["offload_optimizer"] != "none":
+        pytest.skip("bitsandbytes' optimizer runs on the GPU only")
+    spec = job(resources={"num_gpus": 1, **resources}, hardware=hardware(nvme_gib=2000))
+    spec["training"]["optimizer"] = optimizer
+    cfg = plan(spec).deepspeed_config
+    parsed = DeepSpeedConfig(json.loads(json.dumps(cfg)))  # what a JSON file round-trip gives
+    assert parsed.zero_optimization_stage == resources["zero_stage"]
+    assert parsed.train_batch_size == 16 and parsed.gradient_accumulation_steps == 4
+    assert parsed.bfloat16_config.enabled
+    zero = ds_zero.DeepSpeedZeroConfig(**cfg["zero_optimization"])
+    if resources["zero_stage"] == 3:
+        assert zero.param_persistence_threshold == 100_000
+    if resources["offload_optimizer"] != "none":
+        assert cfg["zero_force_ds_cpu_optimizer"] is False
+        assert zero.offload_optimizer is not None and zero.offload_optimizer.pin_memory
+
+
+def test_pinned_knobs_reach_the_config() -> None:
+    spec = job(
+        resources={
+            "num_gpus": 1,
+            "zero_stage": 3,
+            "offload_optimizer": "none",
+            "offload_param": "none",
+            "deepspeed": {
+                "reduce_bucket_size": 2e7,
+                "stage3_max_reuse_distance": 0,
+                "zero_quantized_weights": False,
+            },
+        }
+    )
+    zero = plan(spec).deepspeed_config["zero_optimization"]
+    assert zero["reduce_bucket_size"] == 20_000_000
+    assert zero["stage3_max_reuse_distance"] == 0
+    assert zero["zero_quantized_weights"] is False
+    ds_zero.DeepSpeedZeroConfig(**zero)
+
+
+def test_hf_trainer_form_uses_auto_for_trainer_owned_values() -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    cfg = plan(job()).deepspeed_config
+    hf = to_hf_trainer_config(cfg)
+    assert hf["train_micro_batch_size_per_gpu"] == "auto" and hf["train_batch_size"] == "auto"
+    assert hf["gradient_accumulation_steps"] == "auto" and hf["gradient_clipping"] == "auto"
+    assert hf["optimizer"]["params"] == {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}
+    assert hf["bf16"]["enabled"] == "auto"
+    assert hf["zero_optimization"] == cfg["zero_optimization"]
+    assert cfg["train_batch_size"] == 16  # the original is left untouched
+    transformers_ds = pytest.importorskip("transformers.integrations.deepspeed")
+    args = pytest.importorskip("transformers").TrainingArguments(
+        output_dir="/tmp/unused",
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=4,
+        bf16=True,
+        use_cpu=True,
+    )
+    hf_cfg = transformers_ds.HfTrainerDeepSpeedConfig(hf)
+    hf_cfg.trainer_config_process(args)
+    filled = hf_cfg.config
+    assert filled["train_micro_batch_size_per_gpu"] == 4 and filled["gradient_accumulation_steps"] == 4
+    DeepSpeedConfig(filled)

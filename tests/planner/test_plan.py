@@ -1,0 +1,299 @@
+"""``planner.plan``: the interface, "auto" resolution, the ladder, warnings and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner import HardwareSpec, JobSpec, Plan, PlanError, plan
+from tests.planner.support import GIB, H200_BYTES, TINY_CONFIGS, hardware, job
+
+
+def test_plan_json_has_the_contract_fields() -> None:
+    result = plan(job())
+    data = result.model_dump(mode="json")
+    assert json.loads(json.dumps(data)) == data
+    for key in (
+        "fits",
+        "margin_bytes",
+        "num_gpus",
+        "resolved",
+        "model",
+        "per_gpu",
+        "host",
+        "nvme",
+        "eval",
+        "estimated_step_seconds",
+        "estimated_tokens_per_second",
+        "estimated_duration_seconds",
+        "deepspeed_config",
+        "alternatives",
+        "warnings",
+        "advice",
+    ):
+        assert key in data
+    for key in (
+        "weights_bytes",
+        "gradients_bytes",
+        "optimizer_states_bytes",
+        "activations_bytes",
+        "activations_checkpointed_bytes",
+        "activations_full_bytes",
+        "logits_bytes",
+        "zero_buffers_bytes",
+        "gathered_parameters_bytes",
+        "cuda_context_bytes",
+        "allocator_slack_bytes",
+        "total_bytes",
+        "capacity_bytes",
+    ):
+        assert isinstance(data["per_gpu"][key], int)
+    assert Plan.model_validate(data) == result
+
+
+def test_peak_is_the_larger_phase_plus_slack_and_context() -> None:
+    g = plan(job()).per_gpu
+    allocated = max(g.forward_backward_bytes, g.optimizer_step_bytes)
+    assert g.total_bytes == allocated + g.allocator_slack_bytes + g.cuda_context_bytes
+    parts = (
+        g.weights_bytes
+        + g.gradients_bytes
+        + g.optimizer_states_bytes
+        + g.activations_bytes
+        + g.logits_bytes
+        + g.zero_buffers_bytes
+        + g.gathered_parameters_bytes
+    )
+    assert g.forward_backward_bytes == pytest.approx(parts, rel=1e-6)
+
+
+def test_spec_model_and_dict_plan_alike() -> None:
+    spec = job()
+    assert plan(JobSpec.model_validate(spec)) == plan(spec)
+
+
+def test_hardware_precedence() -> None:
+    spec = job()
+    del spec["hardware"]
+    with pytest.raises(PlanError) as info:
+        plan(spec)
+    assert info.value.field == "hardware"
+    small = HardwareSpec(gpu_count=1, gpu_memory_bytes=24 * GIB, host_memory_bytes=64 * GIB)
+    assert plan(spec, hardware=small).per_gpu.capacity_bytes == 24 * GIB
+    spec["hardware"] = hardware()
+    assert plan(spec, hardware=small).per_gpu.capacity_bytes == H200_BYTES
+
+
+def test_model_path_is_read_at_call_time(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIGS["llama"]))
+    result = plan(job(model={"path": str(tmp_path)}))
+    assert result.model.num_parameters > 0
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(PlanError) as info:
+        plan(job(model={"path": str(tmp_path)}))
+    assert info.value.field == "model.path"
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (job(model={"name": "acme/NoSuchModel-7B"}), "model.name"),
+        (
+            job(model={"config": {**TINY_CONFIGS["llama"], "num_hidden_layers": 0}}),
+            "model.config.num_hidden_layers",
+        ),
+        (job(model={"config": {**TINY_CONFIGS["llama"], "model_type": "bert"}}), "model.config.model_type"),
+        (
+            job(resources={"num_gpus": 1, "zero_stage": 2, "deepspeed": {"reduce_bucket_sise": 5e8}}),
+            "resources.deepspeed.reduce_bucket_sise",
+        ),
+        (
+            job(resources={"deepspeed": {"offload_param": {"buffer_cont": 5}}}),
+            "resources.deepspeed.offload_param.buffer_cont",
+        ),
+        (job(resources={"deepspeed": {"reduce_bucket_size": -1}}), "resources.deepspeed.reduce_bucket_size"),
+        (job(lora={"r": 0}), "lora.r"),
+        (job(resources={"zero_stage": 2, "offload_param": "cpu"}), "resources.offload_param"),
+    ],
+)
+def test_bad_input_names_the_field(spec: dict[str, Any], field: str) -> None:
+    with pytest.raises(PlanError) as info:
+        plan(spec)
+    assert info.value.field == field
+
+
+def test_auto_keeps_the_global_batch_and_fills_everything() -> None:
+    spec = job(
+        training={
+            "micro_batch_size": "auto",
+            "gradient_accumulation_steps": 16,
+            "seq_len": 2048,
+            "gradient_checkpointing": "auto",
+        },
+        resources={},
+        hardware=hardware(gpus=4),
+    )
+    r = plan(spec).resolved
+    assert r.micro_batch_size * r.gradient_accumulation_steps * r.num_gpus == 16
+    assert r.zero_stage in (0, 1, 2, 3) and r.offload_optimizer in ("none", "cpu", "nvme")
+
+
+def test_small_gap_is_closed_with_checkpointing_not_offload() -> None:
+    # Full fine-tuning of a 1.5B model with long sequences: the states fit, a micro-batch of 8
+    # sequences' activations and logits do not.
+    spec = job(
+        model={"name": "Qwen/Qwen2.5-1.5B"},
+        method="full",
+        training={
+            "micro_batch_size": "auto",
+            "gradient_accumulation_steps": 8,
+            "seq_len": 4096,
+            "gradient_checkpointing": "auto",
+        },
+        resources={"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "auto", "offload_param": "none"},
+        hardware=hardware(gpu_bytes=80 * GIB),
+    )
+    result = plan(spec)
+    assert result.fits
+    assert result.resolved.offload_optimizer == "none"
+    assert result.resolved.gradient_checkpointing or result.resolved.gradient_accumulation_steps > 1
+    offloaded = [a for a in result.alternatives if a.changes.get("resources.offload_optimizer") == "cpu"]
+    assert all(a.estimated_step_seconds > result.estimated_step_seconds for a in offloaded)
+
+
+def test_large_gap_offloads_and_nvme_comes_last() -> None:
+    spec = job(
+        model={"name": "Qwen/Qwen2.5-7B"},
+        method="full",
+        training={
+            "micro_batch_size": 1,
+            "gradient_accumulation_steps": 8,
+            "seq_len": 1024,
+            "gradient_checkpointing": True,
+        },
+        resources={"num_gpus": 1},
+        hardware=hardware(gpu_bytes=48 * GIB, host_gib=256, nvme_gib=4000),
+    )
+    result = plan(spec)
+    assert result.fits
+    assert "cpu" in (result.resolved.offload_optimizer, result.resolved.offload_param)
+    assert "nvme" not in (result.resolved.offload_optimizer, result.resolved.offload_param)
+
+
+def test_explicit_config_that_does_not_fit_says_so_and_offers_the_cheapest_fix() -> None:
+    spec = job(
+        model={"name": "Qwen/Qwen2.5-7B"},
+        method="full",
+        training={
+            "micro_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "seq_len": 2048,
+            "gradient_checkpointing": False,
+        },
+        resources={"num_gpus": 2, "zero_stage": 2, "offload_optimizer": "none", "offload_param": "none"},
+        hardware=hardware(gpus=8),
+    )
+    result = plan(spec)
+    assert not result.fits and result.margin_bytes < 0
+    assert result.resolved.micro_batch_size == 4  # the user's own configuration is what is judged
+    first = result.alternatives[0]
+    assert first.fits and first.changes
+    assert all(a.fits for a in result.alternatives)
+    assert not any(key.startswith("resources.offload") for key in first.changes)
+    assert any(n.code.startswith("ladder_") for n in result.advice)
+
+
+def test_fitting_plan_ranks_alternatives_by_speed() -> None:
+    spec = job(
+        training={"micro_batch_size": "auto", "gradient_accumulation_steps": 8, "seq_len": 1024}, resources={}
+    )
+    result = plan(spec)
+    assert result.fits
+    times = [
+        a.estimated_step_seconds
+        for a in result.alternatives
+        if not any(str(v) in ("cpu", "nvme") for v in a.changes.values())
+    ]
+    assert times == sorted(times)
+    assert all(
+        a.estimated_step_seconds >= result.estimated_step_seconds * 0.999
+        for a in result.alternatives
+        if not any(str(v) in ("cpu", "nvme") for v in a.changes.values())
+    )
+
+
+def test_warnings_for_context_precision_and_eval() -> None:
+    config = {**TINY_CONFIGS["llama"], "torch_dtype": "float32"}
+    spec = job(
+        model={"config": config},
+        training={"micro_batch_size": 1, "seq_len": 4096, "gradient_checkpointing": True},
+        eval={"max_new_tokens": 32768, "batch_size": 1024},
+        hardware=hardware(gpu_bytes=8 * GIB),
+    )
+    codes = {n.code: n.field for n in plan(spec).warnings}
+    assert codes["seq_len_beyond_context"] == "training.seq_len"
+    assert codes["fp32_weights"] == "model.config.torch_dtype"
+    assert codes["eval_memory"] == "eval.max_new_tokens"
+    fp32 = job(training={"micro_batch_size": 1, "precision": "fp32", "gradient_checkpointing": True})
+    assert "fp32_weights" in {n.code for n in plan(fp32).warnings}
+
+
+def test_eval_section_counts_the_kv_cache() -> None:
+    short = plan(job(eval={"max_new_tokens": 64, "batch_size": 1})).eval
+    long = plan(job(eval={"max_new_tokens": 4096, "batch_size": 8})).eval
+    assert long.kv_cache_bytes > 8 * short.kv_cache_bytes
+    assert long.total_bytes > short.total_bytes and short.fits
+
+
+def test_duration_from_dataset_rows() -> None:
+    spec = job(
+        dataset={"path": "/data/x.jsonl", "num_rows": 10_000, "eval_fraction": 0.0},
+        training={"micro_batch_size": 4, "gradient_accumulation_steps": 4, "epochs": 2},
+    )
+    result = plan(spec)
+    assert result.estimated_steps == 2 * 10_000 // 16
+    assert result.estimated_duration_seconds == pytest.approx(
+        result.estimated_steps * result.estimated_step_seconds, rel=1e-4
+    )
+    assert plan(job()).estimated_duration_seconds is None
+
+
+def test_host_ram_short_for_offload() -> None:
+    spec = job(
+        model={"name": "Qwen/Qwen2.5-7B"},
+        method="full",
+        resources={"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
+        training={"micro_batch_size": 1, "gradient_checkpointing": True},
+    )
+    result = plan(spec)  # 7B full with everything offloaded needs more than 128 GiB of host RAM
+    assert not result.host.fits and not result.fits
+    assert "host_ram_short" in {n.code for n in result.warnings}
+
+
+def test_offload_costs_time() -> None:
+    base = job(
+        model={"name": "Qwen/Qwen2.5-3B"},
+        method="full",
+        training={"micro_batch_size": 1, "gradient_checkpointing": True},
+        resources={"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "none", "offload_param": "none"},
+    )
+    offloaded = json.loads(json.dumps(base))
+    offloaded["resources"]["offload_optimizer"] = "cpu"
+    fast, slow = plan(base), plan(offloaded)
+    assert slow.per_gpu.optimizer_states_bytes == 0 < fast.per_gpu.optimizer_states_bytes
+    assert slow.host.total_bytes > fast.host.total_bytes
+    assert slow.estimated_step_seconds > fast.estimated_step_seconds
+
+
+def test_importing_the_planner_imports_no_torch() -> None:
+    code = (
+        "import sys, planner; planner.plan; "
+        "print(any(m in sys.modules for m in ('torch', 'deepspeed', 'transformers')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
