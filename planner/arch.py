@@ -53,7 +53,7 @@ class Linear:
         return self.in_features * self.out_features + (self.out_features if self.bias else 0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Arch:
     model_type: str
     hidden_size: int

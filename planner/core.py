@@ -223,7 +223,11 @@ def attention_for(arch: Arch, requested: str) -> str:
 
 def _choose(p: Prepared, base: Setup) -> tuple[Candidate, list[Candidate], bool]:
     choices, auto = _choices(p, base)
-    candidates = enumerate_candidates(p.facts, base, choices, p.bounds, p.rates)
+    candidates: list[Candidate] = []
+    for tier in (0, 1, 2):  # the ladder: offload only when nothing without it fits, NVMe last
+        candidates += enumerate_candidates(p.facts, base, choices, p.bounds, p.rates, tiers=(tier,))
+        if any(c.fits for c in candidates):
+            break
     if not candidates:
         raise PlanError(
             "training.gradient_accumulation_steps",

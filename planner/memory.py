@@ -24,12 +24,13 @@ the allocator's slack and the CUDA context, which NVML counts and torch does not
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner import constants as C
 from planner.activations import ActivationEstimate, estimate_activations
 from planner.arch import Arch
 from planner.lora import LoraTargets
-from planner.setup import Setup
+from planner.setup import Setup, ZeroKnobs
 
 __all__ = [
     "HostEstimate",
@@ -54,9 +55,12 @@ class Tensor:
     copies: int  # how many such tensors the model holds (one per layer, or one)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class ModelFacts:
-    """The model as the estimators need it: architecture, adapters and tensors."""
+    """The model as the estimators need it: architecture, adapters and tensors.
+
+    Compared and hashed by identity, so per-model results can be memoised cheaply.
+    """
 
     arch: Arch
     lora: LoraTargets | None
@@ -127,6 +131,12 @@ def _pinned(nbytes: float, pin: bool) -> int:
     return 1 << (int(nbytes) - 1).bit_length()
 
 
+@lru_cache(maxsize=4096)
+def _model_bytes(facts: ModelFacts, above: int = -1) -> float:
+    """Bytes of the model's tensors with more than ``above`` elements (memoised per model)."""
+    return _sum(facts.tensors, above=above)
+
+
 def _sum(tensors: tuple[Tensor, ...], *, trainable: bool | None = None, above: int = -1) -> float:
     return sum(
         t.numel * t.elem_bytes * t.copies
@@ -140,10 +150,10 @@ def _sum(tensors: tuple[Tensor, ...], *, trainable: bool | None = None, above: i
 
 def _device_weights(facts: ModelFacts, s: Setup) -> float:
     if s.zero_stage < 3:
-        return _sum(facts.tensors)
+        return _model_bytes(facts)
     threshold = s.knobs.param_persistence_threshold
-    persistent = _sum(facts.tensors) - _sum(facts.tensors, above=threshold)
-    partitioned = _sum(facts.tensors, above=threshold)
+    partitioned = _model_bytes(facts, threshold)
+    persistent = _model_bytes(facts) - partitioned
     return persistent + (0 if s.offload_param != "none" else partitioned / s.num_gpus)
 
 
@@ -166,6 +176,7 @@ def _device_gradients(facts: ModelFacts, s: Setup, w: int) -> float:
     return persistent + w * largest  # autograd's .grad of one tensor before its hook takes it
 
 
+@lru_cache(maxsize=1024)
 def _largest_trainable(facts: ModelFacts) -> int:
     return max((t.numel for t in facts.tensors if t.trainable), default=0)
 
@@ -227,6 +238,13 @@ def _trace(facts: ModelFacts, s: Setup) -> list[tuple[str, int, float, float]]:
 
 
 def _gathered_bytes(facts: ModelFacts, s: Setup) -> float:
+    if s.zero_stage != 3 or (s.num_gpus == 1 and s.offload_param == "none"):
+        return 0.0
+    return _replay_gathered(facts, s.gradient_checkpointing, s.precision, s.knobs)
+
+
+@lru_cache(maxsize=1024)
+def _replay_gathered(facts: ModelFacts, checkpointing: bool, precision: str, knobs: ZeroKnobs) -> float:
     """Peak bytes of whole (gathered) parameters, replaying DeepSpeed's release rule.
 
     After a module runs, its parameters stay gathered if they are used again within
@@ -234,8 +252,20 @@ def _gathered_bytes(facts: ModelFacts, s: Setup) -> float:
     ``stage3_prefetch_bucket_size`` elements ahead while fewer than ``stage3_max_live_parameters``
     are live. With one GPU and no parameter offload the "gathered" tensor is the partition itself.
     """
-    if s.zero_stage != 3 or (s.num_gpus == 1 and s.offload_param == "none"):
-        return 0.0
+    s = Setup(
+        method="full",
+        num_gpus=2,
+        zero_stage=3,
+        offload_optimizer="none",
+        offload_param="none",
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        seq_len=1,
+        gradient_checkpointing=checkpointing,
+        precision=precision,
+        optimizer="adamw",
+        knobs=knobs,
+    )  # type: ignore[arg-type]
     trace = _trace(facts, s)
     n = len(trace)
     prefix = [0]
@@ -300,10 +330,10 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
             _pinned(tn.numel * tn.elem_bytes / n, pin) * tn.copies for tn in facts.tensors if tn.numel > thr
         )
     elif s.zero_stage == 3 and s.offload_param == "nvme":
-        nvme += _sum(facts.tensors, above=s.knobs.param_persistence_threshold)
+        nvme += _model_bytes(facts, s.knobs.param_persistence_threshold)
         pinned += n * s.knobs.param_buffer_count * _pinned(s.knobs.param_buffer_size * w, pin)
     # Stages 0-2 build the model on the host before moving it; ZeRO-3's zero.Init builds it in place.
-    load = n * _sum(facts.tensors) if s.zero_stage < 3 else 0.0
+    load = n * _model_bytes(facts) if s.zero_stage < 3 else 0.0
     resident = master + optimizer + grads + params + pinned
     process = n * C.HOST_PROCESS_BYTES
     total = process + max(load, resident)
@@ -323,12 +353,41 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
 # --- the estimate -------------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=4096)
+def _activations(
+    facts: ModelFacts, micro: int, seq: int, checkpointing: bool, method: str, precision: str, attn: str
+) -> ActivationEstimate:
+    s = Setup(
+        method=method,
+        num_gpus=1,
+        zero_stage=0,
+        offload_optimizer="none",  # type: ignore[arg-type]
+        offload_param="none",
+        micro_batch_size=micro,
+        gradient_accumulation_steps=1,
+        seq_len=seq,
+        gradient_checkpointing=checkpointing,
+        precision=precision,
+        optimizer="adamw",  # type: ignore[arg-type]
+        attn_implementation=attn,
+    )
+    return estimate_activations(facts.arch, s, facts.lora)
+
+
 def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     w = weight_bytes(s.precision)
     weights = _device_weights(facts, s)
     grads = _device_gradients(facts, s, w)
     optim = _device_optimizer(facts, s)
-    acts = estimate_activations(facts.arch, s, facts.lora)
+    acts = _activations(
+        facts,
+        s.micro_batch_size,
+        s.seq_len,
+        s.gradient_checkpointing,
+        s.method,
+        s.precision,
+        s.attn_implementation,
+    )
     buf_fb, buf_step = _zero_buffers(facts, s, w)
     gathered = _gathered_bytes(facts, s)
     step_tmp = _step_transient(facts, s, w)

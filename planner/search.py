@@ -107,27 +107,46 @@ def _valid(stage: int, opt: Device, par: Device, base: Setup) -> bool:
     return not (opt != "none" and base.optimizer == "adamw_8bit")
 
 
+def _tier(opt: Device, par: Device) -> int:
+    return 2 if "nvme" in (opt, par) else 1 if "cpu" in (opt, par) else 0
+
+
 def enumerate_candidates(
-    facts: ModelFacts, base: Setup, ch: Choices, bounds: Bounds, rates: GpuRates
+    facts: ModelFacts,
+    base: Setup,
+    ch: Choices,
+    bounds: Bounds,
+    rates: GpuRates,
+    tiers: tuple[int, ...] = (0, 1, 2),
 ) -> list[Candidate]:
+    """Evaluate every allowed combination whose offload tier is in ``tiers``."""
+    devices = [
+        (stage, opt, par)
+        for stage in ch.zero_stage
+        for opt in ch.offload_optimizer
+        for par in ch.offload_param
+        if _valid(stage, opt, par, base) and _tier(opt, par) in tiers
+    ]
     out: list[Candidate] = []
     for gpus, micro, accum in _batch_splits(ch):
-        for stage in ch.zero_stage:
-            for opt in ch.offload_optimizer:
-                for par in ch.offload_param:
-                    if not _valid(stage, opt, par, base):
-                        continue
-                    for ckpt in ch.gradient_checkpointing:
-                        s = base.with_(
-                            num_gpus=gpus,
-                            micro_batch_size=micro,
-                            gradient_accumulation_steps=accum,
-                            zero_stage=stage,
-                            offload_optimizer=opt,
-                            offload_param=par,
-                            gradient_checkpointing=ckpt,
-                        )
-                        out.append(evaluate(facts, s, bounds, rates))
+        for stage, opt, par in devices:
+            for ckpt in ch.gradient_checkpointing:
+                s = Setup(
+                    base.method,
+                    gpus,
+                    stage,
+                    opt,
+                    par,
+                    micro,
+                    accum,
+                    base.seq_len,
+                    ckpt,
+                    base.precision,
+                    base.optimizer,
+                    base.attn_implementation,
+                    base.knobs,
+                )
+                out.append(evaluate(facts, s, bounds, rates))
     return out
 
 

@@ -10,6 +10,7 @@ ZeRO adds collectives over NVLink, overlapped with compute when ``overlap_comm``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner import constants as C
 from planner.memory import ModelFacts, moment_bytes_per_param, weight_bytes
@@ -35,15 +36,20 @@ class SpeedEstimate:
 
 
 def _flops_per_token(facts: ModelFacts, s: Setup) -> tuple[float, float]:
+    return _flops(facts, s.seq_len, s.attn_implementation, s.method)
+
+
+@lru_cache(maxsize=1024)
+def _flops(facts: ModelFacts, seq_len: int, attn_implementation: str, method: str) -> tuple[float, float]:
     """(forward, backward) FLOPs per token of one GPU's micro-batch."""
     arch = facts.arch
-    attn = 2.0 * s.seq_len * arch.q_dim * arch.num_layers  # causal: half of QK^T and AV
-    if s.attn_implementation == "eager":
+    attn = 2.0 * seq_len * arch.q_dim * arch.num_layers  # causal: half of QK^T and AV
+    if attn_implementation == "eager":
         attn *= 2  # the masked half is computed too
     matmul = 2.0 * arch.matmul_params
-    lora = 2.0 * facts.trainable_parameters if s.method != "full" else 0.0
+    lora = 2.0 * facts.trainable_parameters if method != "full" else 0.0
     forward = matmul + attn + lora
-    backward = 2 * matmul + 2 * attn + 2 * lora if s.method == "full" else matmul + 2 * attn + 2 * lora
+    backward = 2 * matmul + 2 * attn + 2 * lora if method == "full" else matmul + 2 * attn + 2 * lora
     return forward, backward
 
 
@@ -58,8 +64,10 @@ def _micro_compute(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float,
     fwd, bwd = _flops_per_token(facts, s)
     passes = 3 if s.gradient_checkpointing else 2
     flops = (fwd * (2 if s.gradient_checkpointing else 1) + bwd) * s.tokens_per_micro_batch
-    matmul_share = 2.0 * facts.arch.matmul_params / fwd
-    slowdown = 1 + (C.QLORA_MATMUL_SLOWDOWN - 1) * matmul_share if s.method == "qlora" else 1.0
+    slowdown = 1.0
+    if s.method == "qlora":
+        matmul_share = 2.0 * facts.arch.matmul_params / fwd
+        slowdown = 1 + (C.QLORA_MATMUL_SLOWDOWN - 1) * matmul_share
     seconds = flops * slowdown / (rates.flops * _mfu(facts, s))
     launch = passes * facts.arch.num_layers * C.LAYER_PASS_OVERHEAD_S
     hooks = passes * facts.arch.num_layers * C.ZERO3_LAYER_PASS_OVERHEAD_S if s.zero_stage == 3 else 0.0
