@@ -8,7 +8,7 @@ the response is sent) and rolls back on an error; callbacks registered with :fun
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -38,18 +38,31 @@ def get_sessions(request: Request) -> sessionmaker[Session]:
     return sessions
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    session = get_sessions(request)()
+def _finish(session: Session) -> None:
     try:
-        yield session
         session.commit()
-    except BaseException:
-        session.rollback()
-        raise
     finally:
         session.close()
     for callback in session.info.pop(_AFTER_COMMIT, []):
         callback()
+
+
+def _abort(session: Session) -> None:
+    try:
+        session.rollback()
+    finally:
+        session.close()
+
+
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    # a Session does no I/O until first used, so it is made here; the commit (I/O) runs in a thread
+    session = get_sessions(request)()
+    try:
+        yield session
+    except BaseException:
+        await run_in_threadpool(_abort, session)
+        raise
+    await run_in_threadpool(_finish, session)
 
 
 # scope="function": commit when the endpoint returns, so the client never sees a 201 for a row

@@ -35,7 +35,7 @@ _PROBLEMS = {code: {"description": text, "content": {"application/problem+json":
                                       "alternatives)")]}
 
 
-def submit_allowance(request: Request, user: CurrentUser) -> Principal:
+async def submit_allowance(request: Request, user: CurrentUser) -> Principal:
     """The per-token submission rate (token bucket): 429 with Retry-After when spent."""
     wait = request.app.state.submit_buckets.take(user.token_id)
     if wait > 0:
@@ -89,7 +89,7 @@ def list_jobs(
 
 
 @router.get("/{job_id}", summary="One job", responses=_PROBLEMS)
-def get_job(ref: ValidJob) -> JobRead:
+async def get_job(ref: ValidJob) -> JobRead:
     return service.job_read(ref.job, ref.owner)
 
 
