@@ -30,7 +30,7 @@ from planner import constants as C
 from planner.activations import ActivationEstimate, estimate_activations
 from planner.arch import Arch
 from planner.lora import LoraTargets
-from planner.setup import Setup, ZeroKnobs
+from planner.setup import Method, Precision, Setup, ZeroKnobs
 
 __all__ = [
     "HostEstimate",
@@ -244,7 +244,7 @@ def _gathered_bytes(facts: ModelFacts, s: Setup) -> float:
 
 
 @lru_cache(maxsize=1024)
-def _replay_gathered(facts: ModelFacts, checkpointing: bool, precision: str, knobs: ZeroKnobs) -> float:
+def _replay_gathered(facts: ModelFacts, checkpointing: bool, precision: Precision, knobs: ZeroKnobs) -> float:
     """Peak bytes of whole (gathered) parameters, replaying DeepSpeed's release rule.
 
     After a module runs, its parameters stay gathered if they are used again within
@@ -265,7 +265,7 @@ def _replay_gathered(facts: ModelFacts, checkpointing: bool, precision: str, kno
         precision=precision,
         optimizer="adamw",
         knobs=knobs,
-    )  # type: ignore[arg-type]
+    )
     trace = _trace(facts, s)
     n = len(trace)
     prefix = [0]
@@ -355,20 +355,26 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
 
 @lru_cache(maxsize=4096)
 def _activations(
-    facts: ModelFacts, micro: int, seq: int, checkpointing: bool, method: str, precision: str, attn: str
+    facts: ModelFacts,
+    micro: int,
+    seq: int,
+    checkpointing: bool,
+    method: Method,
+    precision: Precision,
+    attn: str,
 ) -> ActivationEstimate:
     s = Setup(
         method=method,
         num_gpus=1,
         zero_stage=0,
-        offload_optimizer="none",  # type: ignore[arg-type]
+        offload_optimizer="none",
         offload_param="none",
         micro_batch_size=micro,
         gradient_accumulation_steps=1,
         seq_len=seq,
         gradient_checkpointing=checkpointing,
         precision=precision,
-        optimizer="adamw",  # type: ignore[arg-type]
+        optimizer="adamw",
         attn_implementation=attn,
     )
     return estimate_activations(facts.arch, s, facts.lora)

@@ -1,0 +1,46 @@
+"""bench/accuracy.py on a small fixture of measurement records (synthetic numbers)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from planner import plan
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = Path(__file__).parent / "fixtures" / "measurements.jsonl"
+
+
+def _accuracy() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_accuracy", ROOT / "bench" / "accuracy.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_accuracy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_report_compares_each_case(tmp_path: Path) -> None:
+    accuracy = _accuracy()
+    out = tmp_path / "accuracy.md"
+    assert accuracy.main([str(FIXTURE), "--out", str(out)]) == 0
+    text = out.read_text()
+    for case in ("fixture-lora-z2", "fixture-full-z3-offload", "fixture-full-z0-oom"):
+        assert case in text
+    assert "OOM (planned fits=False)" in text
+    assert "fixture-error: RuntimeError: NCCL timeout" in text
+    assert "deepspeed 0.19.8" in text
+    record = accuracy.load_records([FIXTURE])[0]
+    planned = plan(record["spec"]).per_gpu.total_bytes
+    expected = (planned - record["measured"]["nvml_peak_bytes"]) / record["measured"]["nvml_peak_bytes"]
+    assert f"{expected * 100:+.1f}%" in text
+
+
+def test_summary_keeps_host_errors_to_offload_cases() -> None:
+    accuracy = _accuracy()
+    rows = accuracy.plan_records(accuracy.load_records([FIXTURE]))
+    stats = accuracy.summary(rows)
+    assert len(stats["gpu_peak"]) == 2 and len(stats["host"]) == 1
+    assert any("CUDA_CONTEXT_BYTES" in line for line in accuracy.calibration(rows))
