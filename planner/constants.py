@@ -39,9 +39,9 @@ HOST_SAFETY_FRACTION = 0.10
 DEFAULT_GPU_FLOPS = 790e12
 #: Model FLOPs utilisation reached by HF transformers + DeepSpeed on a large matmul-bound step.
 MFU = 0.40
-#: Tokens per micro-batch at which the GPU reaches half of MFU: small micro-batches of small models
-#: are bound by kernel launches and memory traffic, not by tensor cores.
-MFU_HALF_TOKENS_PER_HIDDEN = 0.25
+#: The smallest matmul dimension (tokens per micro-batch, or the hidden size) at which matmuls reach
+#: half of MFU: below it they are bound by memory traffic, not by tensor cores.
+MATMUL_HALF_EFFICIENCY_DIM = 256
 #: Host-side cost of one decoder layer in one pass (forward, backward or recomputation): kernel
 #: launches and Python of HF's layer; overlaps with GPU work, so it only matters when larger.
 LAYER_PASS_OVERHEAD_S = 0.6e-3

@@ -163,10 +163,13 @@ def _partition(s: Setup) -> int:
 
 def _device_gradients(facts: ModelFacts, s: Setup, w: int) -> float:
     t = facts.trainable_parameters
+    offloaded = s.offload_optimizer != "none"
     if s.zero_stage <= 1:
-        persistent = w * t + (w * t / s.num_gpus if s.zero_stage == 1 and s.knobs.contiguous_gradients else 0)
+        partition = s.zero_stage == 1 and s.knobs.contiguous_gradients and not offloaded
+        persistent = w * t + (w * t / s.num_gpus if partition else 0)
     elif s.zero_stage == 2:
-        persistent = w * t / s.num_gpus
+        # With offload each reduced gradient goes straight to the host's fp32 buffer.
+        persistent = 0.0 if offloaded else w * t / s.num_gpus
     elif s.offload_optimizer != "none":
         persistent = 0.0
     else:

@@ -54,10 +54,10 @@ def _flops(facts: ModelFacts, seq_len: int, attn_implementation: str, method: st
 
 
 def _mfu(facts: ModelFacts, s: Setup) -> float:
-    # Small micro-batches of small models do not fill the tensor cores.
-    half = C.MFU_HALF_TOKENS_PER_HIDDEN * facts.arch.hidden_size
-    tokens = s.tokens_per_micro_batch
-    return C.MFU * tokens / (tokens + half)
+    # A matmul is as efficient as its smallest dimension allows: few tokens per micro-batch or a
+    # narrow model leave the tensor cores waiting on memory.
+    dim = min(s.tokens_per_micro_batch, facts.arch.hidden_size)
+    return C.MFU * dim / (dim + C.MATMUL_HALF_EFFICIENCY_DIM)
 
 
 def _micro_compute(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, float]:
