@@ -278,6 +278,9 @@ def _child_env(rank: int, world: int, port: int) -> dict[str, str]:
                 "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PYTHONUNBUFFERED": "1"})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    if "TORCH_CUDA_ARCH_LIST" in env:
+        # DeepSpeed's op builder cannot parse arch-specific targets such as "9.0a".
+        env["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d+\.\d+)a\b", r"\1", env["TORCH_CUDA_ARCH_LIST"])
     return env
 
 
@@ -410,15 +413,14 @@ def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: f
     record: dict[str, Any] = {"case": case.name, "spec": spec, "deepspeed_config": None, "status": "error",
                               "error": None, "measured": None, "env": env, "wall_seconds": None}
     try:
-        from planner.spec import JobSpec
-
-        JobSpec.model_validate(spec)
+        _validate(spec)
         ds_config = build_ds_config(spec)
     except Exception as exc:  # an invalid case is a recorded error, not a stopped run
         record.update(error=f"invalid case: {exc}", wall_seconds=round(time.monotonic() - t0, 3))
         return record
     record["deepspeed_config"] = ds_config
-    case_dir = Path(tempfile.mkdtemp(prefix="case-", dir=work))
+    slug = re.sub(r"[^A-Za-z0-9.=+-]+", "_", case.name)[:120]
+    case_dir = Path(tempfile.mkdtemp(prefix=f"{slug}-", dir=work))
     case_file = case_dir / "case.json"
     ga = int(spec["training"].get("gradient_accumulation_steps", 1))
     case_file.write_text(json.dumps({"name": case.name, "spec": spec, "ds_config": ds_config,
@@ -434,11 +436,29 @@ def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: f
         _kill(runs)
         sampler.stop()
     results = [_read_json(r.result) for r in runs]
+    _fill_versions(env, results)
     status, error = _classify(runs, results, timed_out, budget_clamped, limit_s)
     record.update(status=status, error=error,
                   measured=_merge_measured(results, sampler, baseline, spec),
                   wall_seconds=round(time.monotonic() - t0, 3))
     return record
+
+
+def _fill_versions(env: dict[str, Any], results: list[dict[str, Any] | None]) -> None:
+    """Versions the children saw, where the parent has none yet (no prebuild step ran)."""
+    seen: dict[str, Any] = next((r["versions"] for r in results if r and r.get("versions")), {})
+    for key, value in seen.items():
+        if env.get(key) is None:
+            env[key] = value
+
+
+def _validate(spec: dict[str, Any]) -> None:
+    try:
+        from planner.spec import JobSpec
+    except ImportError as exc:  # a GPU image without the service's dependencies still measures
+        print(f"  warning: cases not validated as JobSpec ({exc})", flush=True)
+        return
+    JobSpec.model_validate(spec)
 
 
 def with_machine_hardware(case: Case, gpus: Gpus, host_memory_bytes: int | None) -> Case:
@@ -529,7 +549,7 @@ def done_cases(out: Path) -> set[str]:
 
 def default_out(gpus: Gpus) -> Path:
     hw = re.sub(r"[^a-z0-9]+", "-", (gpus.name or "cpu").lower()).strip("-")
-    return REPO / "bench" / "results" / f"{hw}-x{max(1, len(gpus.handles))}-{_dt.date.today():%Y%m%d}.jsonl"
+    return REPO / "bench" / "results" / f"{hw}-x{max(1, len(gpus.handles))}-{_dt.date.today():%Y-%m-%d}.jsonl"
 
 
 def append_record(out: Path, record: dict[str, Any]) -> None:
@@ -571,10 +591,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=WARMUP_OPTIMIZER_STEPS,
                    help="warm-up optimizer steps before measuring")
     p.add_argument("--timeout-factor", type=float, default=3.0,
-                   help="per-case limit = max(90 s, factor x estimate)")
+                   help="per-case limit = max(--min-case-timeout, factor x estimate)")
+    p.add_argument("--min-case-timeout", type=float, default=90.0, help="floor of the per-case limit (s)")
+    p.add_argument("--no-prebuild", action="store_true",
+                   help="do not build DeepSpeed ops first (their build time then lands in a case)")
     p.add_argument("--host-memory-bytes", type=int, default=None,
                    help="host RAM recorded in each spec's hardware (default 128 GiB per GPU)")
     p.add_argument("--work-dir", type=Path, default=None, help="where per-case logs go (default: a temp dir)")
+    p.add_argument("--logs-archive", type=Path, default=None,
+                   help="also pack every case's logs into this .tar.gz at the end")
     return p.parse_args(argv)
 
 
@@ -608,12 +633,24 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="tunebox-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     budget = args.budget_seconds if args.budget_seconds is not None else float("inf")
-    versions = prebuild(_needed_ops(todo), work, min(900.0, budget))
+    versions = {} if args.no_prebuild else prebuild(_needed_ops(todo), work, min(900.0, budget))
     env = env_info(gpus, versions)
-    counts = _run_all(todo, args, env, gpus, work, out, start, budget)
+    try:
+        counts = _run_all(todo, args, env, gpus, work, out, start, budget)
+    finally:
+        if args.logs_archive:
+            _archive(work, args.logs_archive)
     print(f"done in {time.monotonic() - start:.0f} s: " + ", ".join(f"{k} {v}" for k, v in counts.items())
           + f"; records in {out}; logs in {work}", flush=True)
     return 0
+
+
+def _archive(work: Path, dest: Path) -> None:
+    import tarfile
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, "w:gz") as tar:
+        tar.add(work, arcname="logs")
 
 
 def _run_all(todo: list[Case], args: argparse.Namespace, env: dict[str, Any], gpus: Gpus, work: Path,
@@ -628,7 +665,7 @@ def _run_all(todo: list[Case], args: argparse.Namespace, env: dict[str, Any], gp
                   f"  {case.name}", flush=True)
             counts["skipped"] = counts.get("skipped", 0) + 1
             continue
-        own_limit = max(90.0, args.timeout_factor * case.est_seconds)
+        own_limit = max(args.min_case_timeout, args.timeout_factor * case.est_seconds)
         limit = min(own_limit, remaining)
         run = with_machine_hardware(case, gpus, args.host_memory_bytes)
         rec = run_case(run, env, gpus, work, limit, limit < own_limit, args.warmup_steps)
@@ -636,7 +673,9 @@ def _run_all(todo: list[Case], args: argparse.Namespace, env: dict[str, Any], gp
         if rec["status"] in ("ok", "oom"):
             ratios.append(rec["wall_seconds"] / case.est_seconds)
         counts[rec["status"]] = counts.get(rec["status"], 0) + 1
-        print(progress_line(i, len(todo), time.monotonic() - start, rec, case.est_seconds), flush=True)
+        expected = "" if case.expect == "ok" else f"  (expected {case.expect})"
+        print(progress_line(i, len(todo), time.monotonic() - start, rec, case.est_seconds) + expected,
+              flush=True)
         if rec["status"] != "ok" and rec["error"]:
             print("      " + rec["error"].strip().splitlines()[-1][:300], flush=True)
     return counts
@@ -647,25 +686,29 @@ def _run_all(todo: list[Case], args: argparse.Namespace, env: dict[str, Any], gp
 
 def prebuild_main(op: str, result: Path) -> int:
     t0 = time.perf_counter()
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder(op)
+    if builder is None or not builder.is_compatible(verbose=False):
+        state = "not used here"
+    else:
+        builder.load(verbose=False)
+        state = "ready"
+    result.write_text(json.dumps({"op": op, "state": state, "seconds": time.perf_counter() - t0,
+                                  "versions": _versions()}))
+    return 0
+
+
+def _versions() -> dict[str, Any]:
     import deepspeed
     import peft
     import torch
     import transformers
     from deepspeed.accelerator import get_accelerator
 
-    acc = get_accelerator()
-    builder = acc.create_op_builder(op)
-    if builder is None or not builder.is_compatible(verbose=False):
-        state = "not used here"
-    else:
-        builder.load(verbose=False)
-        state = "ready"
-    versions = {"torch": torch.__version__, "cuda": torch.version.cuda, "deepspeed": deepspeed.__version__,
-                "transformers": transformers.__version__, "peft": peft.__version__,
-                "accelerator": acc.device_name()}
-    result.write_text(json.dumps({"op": op, "state": state, "seconds": time.perf_counter() - t0,
-                                  "versions": versions}))
-    return 0
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "deepspeed": deepspeed.__version__,
+            "transformers": transformers.__version__, "peft": peft.__version__,
+            "accelerator": get_accelerator().device_name()}
 
 
 class _Peaks:
@@ -703,15 +746,18 @@ def _build_model(spec: dict[str, Any], ds_config: dict[str, Any], device: Any, c
     config.use_cache = False
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
         spec["training"].get("precision", "bf16")]
+    attn = spec["training"].get("attn_implementation", "sdpa")
     if spec["resources"]["zero_stage"] == 3:
-        from transformers.integrations import HfDeepSpeedConfig
+        from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
         # Partitioned at construction by zero.Init, as the service's trainer loads ZeRO-3 models.
-        _KEEP_ALIVE.append(HfDeepSpeedConfig(ds_config))
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        _KEEP_ALIVE.append(HfDeepSpeedConfig(ds_config))  # type: ignore[no-untyped-call]
+        return AutoModelForCausalLM.from_config(config, dtype=dtype,  # type: ignore[no-untyped-call]
+                                                attn_implementation=attn)
     ctx = torch.device(device) if cuda else contextlib.nullcontext()
     with ctx:  # random init straight on the GPU; on the CPU it is slow
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_config(config, dtype=dtype,  # type: ignore[no-untyped-call]
+                                                attn_implementation=attn)
 
 
 def _prepare(model: Any, spec: dict[str, Any]) -> Any:
@@ -727,7 +773,7 @@ def _prepare(model: Any, spec: dict[str, Any]) -> Any:
         model = get_peft_model(model, LoraConfig(
             r=lc.get("r", 16), lora_alpha=lc.get("alpha", 32), lora_dropout=lc.get("dropout", 0.05),
             target_modules=list(lc.get("target_modules", ["q_proj", "k_proj", "v_proj", "o_proj"])),
-            task_type="CAUSAL_LM"))
+            bias="none", task_type="CAUSAL_LM"))
     return model
 
 
@@ -753,6 +799,7 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     peaks = _Peaks(torch, cuda)
     result["peaks"] = peaks
+    result["versions"] = _versions()
     deepspeed.init_distributed()
     t_init = time.perf_counter()
     model = _prepare(_build_model(spec, ds_config, device, cuda), spec)

@@ -120,3 +120,23 @@ def test_budget_too_small_skips_without_a_record(run: dict[str, Any]) -> None:
     assert "skip (est" in proc.stdout
     assert not out.exists()
     print(f"CPU end-to-end harness run: {run['wall']:.0f} s")
+
+
+def test_case_limit_and_budget_stop_record_timeouts(tmp_path: Path) -> None:
+    cases = [_tiny_case("slow-a", TINY_LLAMA), _tiny_case("slow-b", TINY_LLAMA)]
+    for c in cases:
+        c["est_seconds"] = 1
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    out = tmp_path / "t.jsonl"
+    # Neither case can even import torch in 3 s: the first hits its own limit, the second the budget.
+    proc = _harness(tmp_path, "--cases-file", str(tmp_path / "cases.json"), "--out", str(out),
+                    "--no-prebuild", "--min-case-timeout", "3", "--timeout-factor", "1",
+                    "--budget-seconds", "6")
+    assert proc.returncode == 0, proc.stderr
+    recs = {r["case"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert recs["slow-a"]["status"] == "timeout" and recs["slow-a"]["error"].startswith("timeout after 3 s")
+    assert recs["slow-b"]["status"] == "timeout" and recs["slow-b"]["error"].startswith("budget:")
+    assert recs["slow-a"]["measured"]["step_seconds"] is None
+    from bench.measure import done_cases
+
+    assert done_cases(out) == {"slow-a"}  # a budget stop is run again by --resume
