@@ -131,8 +131,12 @@ def run_serve(host: str = "127.0.0.1", port: int = 8000) -> int:
     worker = EmbeddedWorker(settings) if wants_embedded_worker(settings) else None
     if worker is not None:
         worker.start()
+    # uvicorn stops serving on SIGINT/SIGTERM and then raises the signal again with the handler it
+    # found installed: with these, that second delivery lets the worker be stopped in order
+    stop_signals: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: stop_signals.append(signum))
     try:
-        # uvicorn handles SIGINT/SIGTERM: it stops serving and returns here
         uvicorn.run("api.app:create_app", factory=True, host=host, port=port, log_level="info")
     finally:
         if worker is not None:

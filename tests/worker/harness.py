@@ -46,8 +46,14 @@ def worker_env(db_url: str, broker_url: str | None, data_dir: Path, **overrides:
 
 def settings_of(env: dict[str, str]) -> Settings:
     """The settings the worker process reads from ``env``."""
-    fields = {k.removeprefix("TUNEBOX_").lower(): v for k, v in env.items() if k.startswith("TUNEBOX_")}
-    return Settings.model_validate(fields)
+    saved = dict(os.environ)
+    try:  # read exactly as the process will: from its environment
+        os.environ.clear()
+        os.environ.update(env)
+        return Settings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 class WorkerProcess:
@@ -134,3 +140,83 @@ def wait_status(db_url: str, job_id: str, statuses: set[JobStatus], timeout: flo
     except AssertionError as exc:
         tail = worker.log_text()[-4000:] if worker else ""
         raise AssertionError(f"{exc}; now {job_row(db_url, job_id).status}\n{tail}") from None
+
+
+class ApiServer:
+    """``tunebox serve`` as a subprocess, plus an admin token and an HTTP client for it."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.env, self.log_path = env, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.token = ""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 90) -> ApiServer:
+        import httpx
+
+        tunebox = [sys.executable, "-m", "tunebox.cli"]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([*tunebox, "serve", "--host", "127.0.0.1", "--port", str(self.port)],
+                                         cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+        def up() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited {self.proc.returncode}: {self.log_text()[-3000:]}")
+            try:
+                return httpx.get(f"{self.base_url}/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout, f"the API on port {self.port}", every=0.5)
+        made = subprocess.run([*tunebox, "token", "create", f"user-{secrets.token_hex(3)}", "--admin"],
+                              env=self.env, cwd=REPO, check=True, capture_output=True, text=True)
+        self.token = made.stdout.strip().splitlines()[-1]
+        return self
+
+    def client(self) -> Any:
+        import httpx
+
+        return httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {self.token}"},
+                            timeout=30)
+
+    def stop(self, timeout: float = 60) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def wait_job(client: Any, job_id: str, statuses: set[str], timeout: float, *logs: Any) -> dict[str, Any]:
+    """Poll ``GET /v1/jobs/{id}`` until its status is one of ``statuses``."""
+    last: dict[str, Any] = {}
+
+    def check() -> bool:
+        nonlocal last
+        last = client.get(f"/v1/jobs/{job_id}").json()
+        return last.get("status") in statuses
+
+    try:
+        wait_for(check, timeout, f"job {job_id} to become {sorted(statuses)}", every=1.0)
+    except AssertionError as exc:
+        tails = "\n".join(src.log_text()[-3000:] for src in logs)
+        raise AssertionError(f"{exc}; last {last.get('status')} {last.get('failure')}\n"
+                             f"{last.get('log_tail')}\n{tails}") from None
+    return last
