@@ -118,7 +118,14 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
             "hardware", "no hardware given: set spec.hardware or plan on a box with a known inventory"
         )
     config, where, source = load_model_config(spec)
-    arch = arch_from_config(config, where)
+    try:
+        arch = arch_from_config(config, where)
+    except PlanError as exc:
+        if where == "model.config":
+            raise
+        # The spec names a folder or a catalogue entry; say which config.json key is wrong.
+        key = exc.field.removeprefix(where + ".")
+        raise PlanError(where.split(":")[0], f"config.json {key}: {exc.message}") from exc
     lora = None
     if spec.method.value in ("lora", "qlora"):
         lora = resolve_lora(arch, spec.lora.r, spec.lora.target_modules, spec.lora.dropout)

@@ -93,6 +93,10 @@ def test_model_path_is_read_at_call_time(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIGS["llama"]))
     result = plan(job(model={"path": str(tmp_path)}))
     assert result.model.num_parameters > 0
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_CONFIGS["llama"], "num_hidden_layers": 0}))
+    with pytest.raises(PlanError, match="config.json num_hidden_layers") as bad:
+        plan(job(model={"path": str(tmp_path)}))
+    assert bad.value.field == "model.path"
     (tmp_path / "config.json").unlink()
     with pytest.raises(PlanError) as info:
         plan(job(model={"path": str(tmp_path)}))
