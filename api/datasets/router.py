@@ -75,6 +75,6 @@ def list_datasets(
 
 
 @router.get("/{dataset_id}", summary="One dataset")
-def get_dataset(dataset_id: Annotated[str, Path(max_length=64)], session: SessionDep,
+def get_dataset(dataset_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$")], session: SessionDep,
                 _user: CurrentUser) -> DatasetRead:
     return service.get_dataset(session, dataset_id)

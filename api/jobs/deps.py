@@ -11,7 +11,7 @@ from api.deps import CurrentUser, SessionDep
 from api.jobs.service import load_job
 from store.models import Job
 
-JobId = Annotated[str, Path(min_length=1, max_length=64, description="A job id, `job_...`")]
+JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="A job id, `job_...`")]
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,8 @@ def create_job(
 def list_jobs(
     session: SessionDep, user: CurrentUser,
     status: Annotated[list[JobStatus], Query(description="Repeat to match several.")] = [],  # noqa: B006
-    owner: Annotated[str | None, Query(max_length=100, description="A user name, or `me`.")] = None,
+    owner: Annotated[str | None, Query(pattern=r"^[^\x00-\x1f]{1,100}$",
+                                       description="A user name, or `me`.")] = None,
     after: Annotated[str | None, Query(pattern=r"^job_[0-9a-z]{1,40}$",
                                        description="`next_after` of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,

@@ -35,7 +35,7 @@ from api.jobs.schemas import (
     Progress,
 )
 from api.paths import confine
-from api.plans.service import hardware_for, make_plan, resolve_model
+from api.plans.service import check_storable, hardware_for, make_plan, resolve_model
 from planner import Plan
 from planner.spec import JobSpec
 from store.base import utcnow
@@ -169,6 +169,7 @@ def _refuse_unfit(plan: Plan) -> None:
 
 def create_job(session: Session, settings: Settings, user: Principal, spec: JobSpec) -> JobRead:
     """Validate, plan and store a queued job with its 'created' and audit events; returns it."""
+    check_storable(spec)
     _check_queue_limit(session, user, settings)
     spec = resolve_model(spec, settings, required=True)
     spec, dataset_id = _resolve_dataset(session, spec, settings, user)

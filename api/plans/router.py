@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import CurrentUser, SessionDep, SettingsDep
-from api.plans.service import hardware_for, make_plan, resolve_model
+from api.plans.service import check_storable, hardware_for, make_plan, resolve_model
 from planner import Plan
 from planner.spec import JobSpec
 
@@ -15,6 +15,7 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 @router.post("", summary="Plan a job spec without submitting it")
 def create_plan(spec: JobSpec, session: SessionDep, settings: SettingsDep,
                 _user: CurrentUser) -> Plan:
+    check_storable(spec)
     spec = resolve_model(spec, settings, required=False)
     plan = make_plan(spec, hardware_for(spec, session, settings))
     return plan

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 from api.errors import InvalidInput, ServiceUnavailable
 from api.paths import confine
@@ -13,6 +14,31 @@ if TYPE_CHECKING:
 
     from planner import Plan
     from tunebox.settings import Settings
+
+
+def _bad_value(value: Any, path: str) -> tuple[str, str] | None:
+    """The first value JSON storage cannot hold: NaN/Infinity (not JSON) or NUL (Postgres text)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, "must be a finite number"
+    if isinstance(value, str) and "\x00" in value:
+        return path, "contains a NUL character"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _bad_value(key, path) or _bad_value(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if found := _bad_value(item, f"{path}[{i}]"):
+                return found
+    return None
+
+
+def check_storable(spec: JobSpec) -> None:
+    """Free-form parts of a spec (``model.config``, ``resources.deepspeed``) are checked here."""
+    found = _bad_value(spec.model_dump(mode="python"), "")
+    if found:
+        raise InvalidInput.for_field(*found)
 
 
 def hardware_for(spec: JobSpec, session: Session, settings: Settings) -> HardwareSpec:

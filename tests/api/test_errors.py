@@ -93,3 +93,30 @@ def test_validation_messages_are_readable(env: Env) -> None:
     fields = {e["field"] for e in body["errors"]}
     assert fields == {"training.micro_batch_size"}
     assert "training.micro_batch_size" in body["detail"]
+
+
+BASE = b'"model": {"path": "small"}, "dataset": {"path": "train.jsonl"}, "training": {"max_steps": 1}'
+
+
+@pytest.mark.parametrize(("raw", "field"), [
+    (b'{' + BASE + b', "resources": {"deepspeed": {"reduce_bucket_size": NaN}}}',
+     "resources.deepspeed.reduce_bucket_size"),
+    (b'{' + BASE + b', "lora": {"target_modules": ["q\\u0000"]}}', "lora.target_modules[0]"),
+    (b'{' + BASE.replace(b"small", b"sm\\u0000all") + b'}', "model.path"),
+    (b'{"model": {"config": ' + b"[" * 3000 + b"]" * 3000 + b"}}", "body"),
+])
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/plans"])
+def test_values_storage_cannot_hold_are_4xx_not_500(env: Env, raw: bytes, field: str, path: str) -> None:
+    res = env.client.post(path, content=raw, headers={**env.auth(), "Content-Type": "application/json"})
+    assert 400 <= res.status_code < 500, res.text
+    assert res.headers["content-type"] == "application/problem+json"
+    if field != "body":
+        assert field in [e["field"] for e in res.json()["errors"]]
+    assert env.count(Job) == 0
+
+
+@pytest.mark.parametrize("url", ["/v1/jobs/job%00x", "/v1/jobs?owner=a%00b", "/v1/datasets/ds_%00",
+                                 "/v1/jobs/job_x%2F..%2F"])
+def test_nul_and_odd_path_or_query_values_are_422(env: Env, url: str) -> None:
+    res = env.client.get(url, headers=env.auth())
+    assert res.status_code in (404, 422) and res.headers["content-type"] == "application/problem+json"
