@@ -158,6 +158,10 @@ class Trainer:
         import deepspeed
         import torch
 
+        if self.run.device == "cuda":
+            # before anything touches CUDA: zero.Init and the allocator figures use the current device,
+            # and without this every rank would build its shard on GPU 0
+            torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
         deepspeed.init_distributed(dist_backend=None, verbose=False)
         self.world = deepspeed.comm.get_world_size()
         self.rank = deepspeed.comm.get_rank()
