@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -26,24 +25,27 @@ WORKER_STOP_GRACE_S = 10.0
 
 def worker_argv(concurrency: int, queues: Sequence[str], settings: Settings) -> list[str]:
     """Celery worker arguments; concurrency 0 means two task slots per GPU (two jobs may share one)."""
+    from worker.gpus import host_name, local_inventory
+
     if concurrency <= 0:
-        from worker.gpus import local_inventory
-
         concurrency = max(1, 2 * len(local_inventory(settings)))
-    from worker.gpus import host_name
-
     return ["worker", "-Q", ",".join(queues), "--concurrency", str(concurrency),
             # a task mostly waits on its training process: threads suffice and share the DB engine
             "--pool", "solo" if concurrency == 1 else "threads",
-            "--hostname", f"tunebox-{os.getpid()}@{host_name(settings)}",
+            "--hostname", f"tunebox@{host_name(settings)}",
             "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
 
 
-def run_worker(concurrency: int = 1, queues: Sequence[str] = ("gpu",)) -> int:
-    """Run a GPU worker in this process until it is stopped; returns the exit status."""
+def run_worker(concurrency: int | None = None, queues: Sequence[str] = ("gpu",)) -> int:
+    """Run a GPU worker in this process until it is stopped; returns the exit status.
+
+    ``concurrency`` None takes ``Settings.worker_concurrency`` (0: two task slots per GPU).
+    """
     from worker.celery_app import get_celery
 
     settings = get_settings()
+    if concurrency is None:
+        concurrency = settings.worker_concurrency
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = get_celery()
     app.loader.import_default_modules()

@@ -86,6 +86,9 @@ class Settings(BaseSettings):
                                                  "inventory refreshes by a worker.")] = 30.0
     reconcile_interval_s: Annotated[float, Field(gt=0, description="Seconds between two runs of "
                                                  "the reconciler in a worker.")] = 30.0
+    worker_concurrency: Annotated[int, Field(ge=0, le=1024, description="Jobs one `tunebox worker` "
+                                             "supervises at once; 0: two per GPU (two jobs may "
+                                             "share a card).")] = 0
     lease_wait_s: Annotated[float, Field(gt=0, description="Seconds a job whose GPUs are busy waits "
                                          "before it tries again.")] = 5.0
     requeue_after_s: Annotated[float, Field(gt=0, description="A job queued this long with no "
