@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,36 @@ def test_latest_complete_ignores_partials(tmp_path: Path) -> None:
     assert ckpt.latest_complete(tmp_path).path.name == "step-10"
     ckpt.remove_partials(tmp_path)
     assert not (tmp_path / ".tmp-step-12").exists()
+
+
+@pytest.mark.parametrize(("exc", "reason", "code"), [
+    ("cuda", "cuda_oom", 3), (MemoryError(), "host_oom", 4), (OSError(errno.ENOSPC, "full"), "disk_full", 5),
+    (RuntimeError("boom"), "error", 1),
+])
+def test_exceptions_map_to_reasons_and_exit_codes(exc: object, reason: str, code: int) -> None:
+    if exc == "cuda":
+        import torch
+
+        exc = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    failure = classify(exc)  # type: ignore[arg-type]
+    assert (failure.kind, failure.reason, failure.exit_code) == ("error", reason, code)
+
+
+def test_run_file_falls_back_to_the_spec_and_names_a_missing_model(tmp_path: Path, tiny_model: Path) -> None:
+    from tests.worker_train.conftest import make_spec, write_run
+    from worker._trainlib.runfile import JobFailure, load_run
+
+    job = write_run(tmp_path / "job", make_spec(tiny_model, tmp_path / "d.jsonl", precision="bf16"))
+    raw = json.loads((job / "run.json").read_text())
+    raw["resolved"] = {"micro_batch_size": None, "precision": None}
+    raw["model_path"] = ""
+    (job / "run.json").write_text(json.dumps(raw))
+    run = load_run(job)
+    assert (run.resolved.micro_batch_size, run.resolved.precision, run.resolved.zero_stage) == (4, "bf16", 3)
+    with pytest.raises(JobFailure) as info:
+        _ = run.model_dir
+    assert (info.value.kind, info.value.reason) == ("user_error", "bad_model")
+    (job / "run.json").write_text("{")
+    with pytest.raises(JobFailure) as bad:
+        load_run(job)
+    assert bad.value.reason == "bad_run_file"
