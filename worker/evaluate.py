@@ -29,7 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from worker._trainlib.data import IGNORE, collate, encode, pad_id, read_eval_split, render_prompt
+from worker._trainlib.data import IGNORE, EvalRow, collate, encode, pad_id, read_eval_split, render_prompt
 from worker._trainlib.progress import host_peak_rss_bytes
 from worker._trainlib.runfile import (
     EXIT_OK,
@@ -68,7 +68,7 @@ def load_for_eval(run: RunConfig, checkpoint: Path, device: str) -> tuple[Any, A
     return model.to(device).eval(), tokenizer
 
 
-def eval_loss(model: Any, tokenizer: Any, rows: list[tuple[str, Any]], seq_len: int, batch_size: int,
+def eval_loss(model: Any, tokenizer: Any, rows: list[EvalRow], seq_len: int, batch_size: int,
               device: str) -> tuple[float | None, int]:
     """Token-weighted mean loss over the answer tokens of every row, and how many tokens that was."""
     import torch
@@ -87,7 +87,7 @@ def eval_loss(model: Any, tokenizer: Any, rows: list[tuple[str, Any]], seq_len: 
     return (total / count if count else None), count
 
 
-def generate_samples(model: Any, tokenizer: Any, rows: list[tuple[str, Any]], spec: Any, device: str
+def generate_samples(model: Any, tokenizer: Any, rows: list[EvalRow], spec: Any, device: str
                      ) -> list[dict[str, str]]:
     """Greedy answers to the first ``num_samples`` rows, ``batch_size`` prompts at a time."""
 

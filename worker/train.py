@@ -197,7 +197,7 @@ class Trainer:
 
             # kept alive on self: while it exists from_pretrained builds the model under zero.Init,
             # partitioned at construction, so no GPU ever holds the full model
-            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)
+            self._hf_ds_config = HfDeepSpeedConfig(self.ds_config)  # type: ignore[no-untyped-call]
         if self.spec.method.value == "qlora":
             extra.update(modeling.qlora_kwargs(dtype))
         model = modeling.load_causal_lm(self.run.model_dir, dtype, **extra)
@@ -205,7 +205,8 @@ class Trainer:
         if self.spec.method.value == "qlora":
             from peft import prepare_model_for_kbit_training
 
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
+                model, use_gradient_checkpointing=False)
         if self.run.resolved.gradient_checkpointing:
             modeling.enable_checkpointing(model, self.lora)
         if self.lora:

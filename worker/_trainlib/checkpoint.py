@@ -84,7 +84,8 @@ def _gather_trainable(module: Any, is_rank0: bool) -> dict[str, Any] | None:
 
 def _full_state_dict(engine: Any) -> dict[str, Any] | None:
     if engine.zero_optimization_partition_weights():
-        return engine._zero3_consolidated_16bit_state_dict()  # collective; None except on rank 0
+        consolidated: dict[str, Any] | None = engine._zero3_consolidated_16bit_state_dict()
+        return consolidated  # a collective; None except on rank 0
     return {k: v.detach().to("cpu", copy=True) for k, v in engine.module.state_dict().items()}
 
 

@@ -38,7 +38,8 @@ class Example:
 
 
 def _apply(tokenizer: Any, messages: Messages, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    return str(tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=generation_prompt))
 
 
 def _chat_spans_every_turn(tokenizer: Any, messages: Messages) -> tuple[str, list[Span]] | None:
@@ -205,10 +206,13 @@ def write_eval_split(path: Path, rows: Sequence[Messages], fmt: Format) -> None:
     tmp.replace(path)
 
 
-def read_eval_split(path: Path) -> list[tuple[Format, Messages]]:
+EvalRow = tuple[Format, Messages]
+
+
+def read_eval_split(path: Path) -> list[EvalRow]:
     if not path.is_file():
         return []
-    out = []
+    out: list[EvalRow] = []
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             record = json.loads(line)

@@ -108,8 +108,9 @@ def check_qlora(device: str) -> None:
 def qlora_kwargs(dtype: Any) -> dict[str, Any]:
     from transformers import BitsAndBytesConfig
 
-    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                               bnb_4bit_compute_dtype=dtype)
+    quant = BitsAndBytesConfig(  # type: ignore[no-untyped-call]
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype)
     return {"quantization_config": quant, "device_map": {"": int(os.environ.get("LOCAL_RANK", "0"))}}
 
 
