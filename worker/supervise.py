@@ -349,10 +349,7 @@ class Evaluations:
         if self.when != "steps" or not self.every or step // self.every <= self._last_step // self.every:
             return
         self._last_step = step
-        if self.fits and self.current is not None:
-            self.pending = [checkpoint]  # one evaluation at a time beside training: keep the newest
-        else:
-            self.pending.append(checkpoint)
+        self.pending.append(checkpoint)  # beside training one at a time; the rest wait their turn
         self.tick()
 
     def tick(self) -> None:
@@ -376,10 +373,12 @@ class Evaluations:
             if verdict is not Watch.EXITED:
                 return verdict
             self.current = None
-        todo = list(self.pending)
+        final_step = (self.run.recorder.done or {}).get("step")
+        # a checkpoint of the last step holds the final weights: the final evaluation covers it
+        todo = [c for c in self.pending if not final or c.get("step") != final_step]
         self.pending = []
         if final:
-            todo.append({"path": final, "step": (self.run.recorder.done or {}).get("step"), "final": True})
+            todo.append({"path": final, "step": final_step, "final": True})
         for checkpoint in todo:
             verdict = self._wait(*self._start(checkpoint))
             if verdict is not Watch.EXITED:

@@ -20,7 +20,7 @@ from store.base import utcnow
 from store.db import session_scope
 from store.models import Checkpoint, Gpu, GpuLease, Job, JobEvent, MetricPoint
 from store.states import JobStatus, transition
-from tests.worker.factories import GIB, job_spec, make_job, make_user
+from tests.worker.factories import GIB, job_plan, job_spec, make_job, make_user
 from tests.worker.harness import WorkerProcess, send, wait_for, wait_status, worker_env
 
 S = JobStatus
@@ -199,3 +199,29 @@ def job_row(db_url: str, job_id: str) -> Job:
     from tests.worker.harness import job_row as row
 
     return row(db_url, job_id)
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_checkpoint_evaluations_beside_or_after_training(worker, db_url, fits):
+    url = worker.settings.resolved_database_url
+    spec = job_spec(name="fake:ok", eval={"when": "steps", "every_steps": 2},
+                    training={"max_steps": 6, "epochs": None, "seq_len": 32, "save_steps": 2})
+    with session_scope(url) as s:
+        job_id = make_job(s, make_user(s), spec=spec, peak=None,
+                          plan=job_plan(peak=None, eval_fits=fits)).id
+    send(worker.settings, job_id)
+    job = wait_status(db_url, job_id, TERMINAL, worker=worker)
+    assert job.status is S.SUCCEEDED and job.eval_status == "succeeded"
+    with session_scope(url) as s:
+        evaluated = s.execute(select(Checkpoint.step, Checkpoint.eval_status).where(
+            Checkpoint.job_id == job_id).order_by(Checkpoint.step)).all()
+        eval_points = s.scalars(select(MetricPoint.step).where(MetricPoint.job_id == job_id,
+                                                               MetricPoint.kind == "eval")).all()
+    assert [tuple(r) for r in evaluated] == [(2, "succeeded"), (4, "succeeded"), (6, "succeeded")]
+    assert sorted(eval_points) == [2, 4, 6]
+    events = _events(url, job_id)
+    training_over = next(i for i, e in enumerate(events)
+                         if e.kind == "status" and e.data["to"] == "evaluating")
+    first_eval = next(i for i, e in enumerate(events) if e.kind == "eval")
+    # the plan says whether an evaluation fits beside training on the card; if not, it waits
+    assert (first_eval < training_over) is fits
