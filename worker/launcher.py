@@ -193,11 +193,13 @@ def start_training(directory: Path, grant: Grant, settings: Settings, run: RunId
     env = base_env(grant, settings, run, "train")
     world, port = max(1, len(grant.indices)), free_port()
     log_path = directory / "train.log"
-    if settings.use_deepspeed_launcher and device_of(grant) == "cuda":
+    if settings.use_deepspeed_launcher:
+        # the launcher sets CUDA_VISIBLE_DEVICES and the rank variables itself, from --include
         argv = [sys.executable, "-m", "deepspeed.launcher.runner", "--master_port", str(port),
-                "--include", "localhost:" + ",".join(str(i) for i in grant.indices),
+                "--include", "localhost:" + ",".join(str(i) for i in grant.indices), "--no_local_rank",
                 "--module", settings.train_module, "--job-dir", str(directory)]
-        env.pop("CUDA_VISIBLE_DEVICES", None)  # the launcher sets it from --include
+        if device_of(grant) == "cuda":
+            env.pop("CUDA_VISIBLE_DEVICES", None)
         return _spawn([(argv, env)], directory, log_path)
     argv = [sys.executable, "-m", settings.train_module, "--job-dir", str(directory)]
     return _spawn([(argv, rank_env(env, r, world, port)) for r in range(world)], directory, log_path)

@@ -76,3 +76,22 @@ def test_one_process_per_gpu_in_one_process_group(db_url, tmp_path):
 
 def _lines(path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+def test_deepspeed_launcher_runs_the_training_in_the_runs_group(db_url, tmp_path):
+    settings = Settings(data_dir=tmp_path, train_module="tests.worker.fake_train",
+                        use_deepspeed_launcher=True)
+    one = Grant(gpu_ids=(1,), indices=(0,), uuids=("cpu-0",), exclusive=True)
+    with session_scope(db_url) as s:
+        job = make_job(s, make_user(s), spec=job_spec(name="fake:ok"))
+        run = launcher.build_run_file(s, job, one, settings)
+    directory = launcher.job_dir(settings, job.id)
+    launcher.write_run_file(directory, run)
+    group = launcher.start_training(directory, one, settings, launcher.RunId(job.id, 1, "t"))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and group.poll() is None:
+        time.sleep(0.2)
+    assert group.poll() == 0, (directory / "train.log").read_text()[-2000:]
+    pid, pgid, rank = _lines(directory / "pids.txt")[0].split()
+    assert (int(pgid), rank) == (group.pgid, "0") and int(pid) != group.pgid
+    assert '"type": "done"' in (directory / "progress.jsonl").read_text()
