@@ -152,7 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] == ["worker"]:
         return run_worker(concurrency=int(args[1]) if len(args) > 1 else 1)
     if args[:1] == ["serve"]:
-        return run_serve(*(args[1:2] or ["127.0.0.1"]), port=int(args[2]) if len(args) > 2 else 8000)
+        host = args[1] if len(args) > 1 else "127.0.0.1"
+        return run_serve(host, int(args[2]) if len(args) > 2 else 8000)
     print("usage: python -m tunebox.serve worker [CONCURRENCY] | serve [HOST] [PORT]", file=sys.stderr)
     return 2
 

@@ -255,10 +255,14 @@ def _redis_messages(url: str) -> Iterable[str]:
     try:
         for key in client.scan_iter(match=f"{GPU_QUEUE}*"):
             if client.type(key) == b"list":
-                yield from (m.decode("utf-8", "replace") for m in client.lrange(key, 0, -1))
-        yield from (m.decode("utf-8", "replace") for m in client.hvals("unacked"))
+                yield from map(_text, client.lrange(key, 0, -1))
+        yield from map(_text, client.hvals("unacked"))
     finally:
         client.close()
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
 
 
 def _folder_messages(settings: Settings) -> Iterable[str]:
