@@ -46,6 +46,11 @@ class ActivationEstimate:
     logits_bytes: int  # vocab-sized logits and loss tensors at their peak
     activations_full_bytes: int  # activations_bytes without checkpointing
     activations_checkpointed_bytes: int  # activations_bytes with checkpointing
+    #: Saved for backward when the loss is computed: the peak sits here, next to the logits,
+    #: before any gradient or ZeRO reduction bucket exists.
+    kept_at_loss_bytes: int = 0
+    #: Peak later in backward, without the logits: recomputed layer, its gradients in flight.
+    backward_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -138,18 +143,23 @@ def logits_bytes_per_token(arch: Arch, act: int) -> int:
     return per_token
 
 
-def _activation_peak(arch: Arch, setup: Setup, lora: LoraTargets | None, checkpointing: bool) -> int:
+def _moments(arch: Arch, setup: Setup, lora: LoraTargets | None, checkpointing: bool) -> tuple[int, int]:
+    """(saved at the loss, backward peak without logits), bytes per token."""
     act = 4 if setup.precision == "fp32" else 2
     layer = _layer_saved(arch, setup, lora, act)
     transient = _layer_backward_transient(arch, setup, act)
     final = _final_saved(arch, setup, lora, act)
-    logits = logits_bytes_per_token(arch, act)
     if checkpointing:
         kept = arch.num_layers * act * arch.hidden_size + final
-        per_token = max(kept + logits, kept + layer + transient)
-    else:
-        kept = arch.num_layers * layer + final - _frozen_prefix(arch, setup, lora, act)
-        per_token = max(kept + logits, kept + transient)
+        return kept, kept + layer + transient
+    kept = arch.num_layers * layer + final - _frozen_prefix(arch, setup, lora, act)
+    return kept, kept + transient
+
+
+def _activation_peak(arch: Arch, setup: Setup, lora: LoraTargets | None, checkpointing: bool) -> int:
+    act = 4 if setup.precision == "fp32" else 2
+    kept, backward = _moments(arch, setup, lora, checkpointing)
+    per_token = max(kept + logits_bytes_per_token(arch, act), backward)
     return per_token * setup.tokens_per_micro_batch
 
 
@@ -158,11 +168,14 @@ def estimate_activations(arch: Arch, setup: Setup, lora: LoraTargets | None) -> 
     logits = logits_bytes_per_token(arch, act) * setup.tokens_per_micro_batch
     full = _activation_peak(arch, setup, lora, False) - logits
     ckpt = _activation_peak(arch, setup, lora, True) - logits
+    kept, backward = _moments(arch, setup, lora, setup.gradient_checkpointing)
     return ActivationEstimate(
         activations_bytes=ckpt if setup.gradient_checkpointing else full,
         logits_bytes=logits,
         activations_full_bytes=full,
         activations_checkpointed_bytes=ckpt,
+        kept_at_loss_bytes=kept * setup.tokens_per_micro_batch,
+        backward_bytes=backward * setup.tokens_per_micro_batch,
     )
 
 

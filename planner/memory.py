@@ -161,22 +161,45 @@ def _partition(s: Setup) -> int:
     return 1 if s.zero_stage == 0 else s.num_gpus
 
 
-def _device_gradients(facts: ModelFacts, s: Setup, w: int) -> float:
+@dataclass(frozen=True, slots=True)
+class _Phases:
+    """Bytes of one kind of buffer in each phase of a step.
+
+    ``persistent`` lives from initialisation on (so also at the loss, the forward/backward peak of
+    most jobs); ``backward`` comes into being during backward and is released by the optimizer
+    step; ``step`` exists only inside the optimizer step.
+    """
+
+    persistent: float = 0.0
+    backward: float = 0.0
+    step: float = 0.0
+
+
+def _gradients(facts: ModelFacts, s: Setup, w: int) -> _Phases:
     t = facts.trainable_parameters
+    part = t / _partition(s)
     offloaded = s.offload_optimizer != "none"
-    if s.zero_stage <= 1:
-        partition = s.zero_stage == 1 and s.knobs.contiguous_gradients and not offloaded
-        persistent = w * t + (w * t / s.num_gpus if partition else 0)
-    elif s.zero_stage == 2:
-        # With offload each reduced gradient goes straight to the host's fp32 buffer.
-        persistent = 0.0 if offloaded else w * t / s.num_gpus
-    elif s.offload_optimizer != "none":
-        persistent = 0.0
-    else:
-        part = t / s.num_gpus
-        persistent = w * part + _FP32 * min(part, s.knobs.sub_group_size)
-    largest = facts.arch.largest_param if s.method == "full" else _largest_trainable(facts)
-    return persistent + w * largest  # autograd's .grad of one tensor before its hook takes it
+    largest = w * (facts.arch.largest_param if s.method == "full" else _largest_trainable(facts))
+    if s.zero_stage == 0:
+        # FP16_Optimizer (bf16): the step upcasts every .grad to fp32 in a list, then flattens it;
+        # the bf16 grads are set to None only after that, so all three coexist.
+        return _Phases(backward=w * t, step=w * t + 2 * _FP32 * t)
+    if s.zero_stage == 1:
+        copy = w * part if s.knobs.contiguous_gradients and not offloaded else 0.0
+        whole = w * t + copy
+        return _Phases(backward=whole, step=whole + (0.0 if offloaded else (w + _FP32) * part))
+    if s.zero_stage == 2:
+        if offloaded:  # each reduced gradient goes straight to the host's fp32 buffer
+            return _Phases(backward=largest)
+        # grads_in_partition is created at the first gradient and released by the step, which
+        # flattens the partition and upcasts it to fp32.
+        return _Phases(backward=w * part + largest, step=w * part + (w + _FP32) * part)
+    if offloaded:  # ZeRO-3 keeps its gradient partition buffer on the host
+        return _Phases(backward=largest)
+    # ZeRO-3: the bf16 gradient partition buffer exists from initialisation; the step flattens
+    # one sub-group's gradients and upcasts them to fp32 (the fp32 .grad is dropped after it).
+    sub = min(part, s.knobs.sub_group_size)
+    return _Phases(persistent=w * part, backward=largest, step=(w + _FP32) * sub)
 
 
 @lru_cache(maxsize=1024)
@@ -191,26 +214,22 @@ def _device_optimizer(facts: ModelFacts, s: Setup) -> float:
     return per_param * facts.trainable_parameters / _partition(s)
 
 
-def _step_transient(facts: ModelFacts, s: Setup, w: int) -> float:
-    part = facts.trainable_parameters / _partition(s)
-    if s.offload_optimizer != "none":
-        return 0.0
-    if s.zero_stage == 3:
-        return w * min(part, s.knobs.sub_group_size)  # flattened bf16 grads of one sub-group
-    return (w + _FP32) * part  # flattened bf16 partition and its fp32 upcast
-
-
-def _zero_buffers(facts: ModelFacts, s: Setup, w: int) -> tuple[float, float]:
-    """(forward/backward, optimizer step) bytes of ZeRO's communication buffers."""
+def _zero_buffers(facts: ModelFacts, s: Setup, w: int) -> _Phases:
+    """ZeRO's communication buffers in each phase."""
     k = s.knobs
-    if s.zero_stage in (1, 2) and k.contiguous_gradients:
-        buckets = (2 if k.overlap_comm else 1) * k.reduce_bucket_size * w
-        return float(buckets), 0.0  # released at every step
-    if s.zero_stage == 3 and k.contiguous_gradients:
-        return float(k.reduce_bucket_size * w), float(k.reduce_bucket_size * w)
-    if s.zero_stage == 0 and s.num_gpus > 1:
-        return float(min(facts.trainable_parameters, k.allgather_bucket_size) * w), 0.0
-    return 0.0, 0.0
+    if s.zero_stage == 3:
+        # One ipg bucket of reduce_bucket_size, allocated at initialisation, offload or not.
+        return _Phases(persistent=float(k.reduce_bucket_size * w) if k.contiguous_gradients else 0.0)
+    if s.zero_stage in (1, 2):
+        # With optimizer offload a GPU staging buffer of the largest parameter lives throughout.
+        staging = w * _largest_trainable(facts) if s.offload_optimizer != "none" else 0.0
+        # setup_buckets allocates the ipg buffers at the first gradient of every backward, at
+        # their full size, two with overlap_comm; the step releases them.
+        buckets = (2 if k.overlap_comm else 1) * k.reduce_bucket_size * w if k.contiguous_gradients else 0
+        return _Phases(persistent=staging, backward=float(buckets))
+    if s.num_gpus > 1:
+        return _Phases(backward=float(min(facts.trainable_parameters, k.allgather_bucket_size) * w))
+    return _Phases()
 
 
 # --- ZeRO-3 gathered parameters ----------------------------------------------------------------------
@@ -243,7 +262,10 @@ def _trace(facts: ModelFacts, s: Setup) -> list[tuple[str, int, float, float]]:
 def _gathered_bytes(facts: ModelFacts, s: Setup) -> float:
     if s.zero_stage != 3 or (s.num_gpus == 1 and s.offload_param == "none"):
         return 0.0
-    return _replay_gathered(facts, s.gradient_checkpointing, s.precision, s.knobs)
+    # Prefetching fetches parameters that are already gathered at most once: never more than the
+    # whole partitioned model is live.
+    whole = _model_bytes(facts, s.knobs.param_persistence_threshold)
+    return min(whole, _replay_gathered(facts, s.gradient_checkpointing, s.precision, s.knobs))
 
 
 @lru_cache(maxsize=1024)
@@ -386,7 +408,7 @@ def _activations(
 def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     w = weight_bytes(s.precision)
     weights = _device_weights(facts, s)
-    grads = _device_gradients(facts, s, w)
+    grads = _gradients(facts, s, w)
     optim = _device_optimizer(facts, s)
     acts = _activations(
         facts,
@@ -397,26 +419,27 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
         s.precision,
         s.attn_implementation,
     )
-    buf_fb, buf_step = _zero_buffers(facts, s, w)
+    bufs = _zero_buffers(facts, s, w)
     gathered = _gathered_bytes(facts, s)
-    step_tmp = _step_transient(facts, s, w)
-    persistent_grads = grads - w * (
-        facts.arch.largest_param if s.method == "full" else _largest_trainable(facts)
-    )
-    forward_backward = weights + grads + optim + acts.peak_bytes + buf_fb + gathered
-    step = weights + persistent_grads + optim + step_tmp + buf_step
+    resident = weights + optim + grads.persistent + bufs.persistent
+    # Forward/backward peaks either at the loss (saved activations + vocab-sized fp32 tensors,
+    # before any gradient exists) or later in backward (gradients and reduction buckets).
+    at_loss = acts.kept_at_loss_bytes + acts.logits_bytes
+    in_backward = acts.backward_bytes + grads.backward + bufs.backward
+    forward_backward = resident + gathered + max(at_loss, _at_head_backward(facts, s, w, acts), in_backward)
+    step = resident + grads.step + bufs.step
     allocated = max(forward_backward, step)
-    slack = C.ALLOCATOR_SLACK_FRACTION * allocated
+    slack = _allocator_slack(allocated, w * _largest_trainable(facts))
     context = C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0)
     host, nvme = _host(facts, s, w)
     return MemoryEstimate(
         weights_bytes=int(weights),
-        gradients_bytes=int(grads),
+        gradients_bytes=int(grads.persistent + max(grads.backward, grads.step)),
         optimizer_states_bytes=int(optim),
         activations=acts,
-        zero_buffers_bytes=int(max(buf_fb, buf_step)),
+        zero_buffers_bytes=int(bufs.persistent + max(bufs.backward, bufs.step)),
         gathered_parameters_bytes=int(gathered),
-        step_transient_bytes=int(step_tmp),
+        step_transient_bytes=int(grads.step),
         cuda_context_bytes=int(context),
         allocator_slack_bytes=int(slack),
         forward_backward_bytes=int(forward_backward),
@@ -424,4 +447,27 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
         total_bytes=int(allocated + slack + context),
         host=host,
         nvme_bytes=nvme,
+    )
+
+
+def _at_head_backward(facts: ModelFacts, s: Setup, w: int, acts: ActivationEstimate) -> float:
+    """The LM head's backward with a trainable head: its weight gradient is computed while the
+    logits' bf16 gradient and the fp32 gradient it was cast from are live; a tied embedding then
+    accumulates its second gradient into a new tensor of the same size."""
+    if s.method != "full":
+        return 0.0
+    arch = facts.arch
+    act = 4 if s.precision == "fp32" else 2
+    logits_grads = (act + _FP32) * arch.vocab_size * s.tokens_per_micro_batch
+    head = w * arch.vocab_size * arch.hidden_size * (2 if arch.tie_word_embeddings else 1)
+    return acts.kept_at_loss_bytes + logits_grads + head
+
+
+def _allocator_slack(allocated: float, largest_gradient: float) -> float:
+    """Reserved minus allocated at the reserved peak: a share of the peak, a fixed part, and the
+    cached segments left by the largest gradient's blocks (see constants.py)."""
+    return (
+        C.ALLOCATOR_SLACK_FRACTION * allocated
+        + C.ALLOCATOR_SLACK_BYTES
+        + C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS * largest_gradient
     )

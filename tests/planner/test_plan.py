@@ -69,7 +69,10 @@ def test_peak_is_the_larger_phase_plus_slack_and_context() -> None:
         + g.zero_buffers_bytes
         + g.gathered_parameters_bytes
     )
-    assert g.forward_backward_bytes == pytest.approx(parts, rel=1e-6)
+    # Each term is at its own peak; they do not all coincide (the logits peak at the loss comes
+    # before any gradient or reduction bucket exists), so the phase peak is at most their sum.
+    assert g.forward_backward_bytes <= parts
+    assert g.forward_backward_bytes >= g.weights_bytes + g.optimizer_states_bytes + g.logits_bytes
 
 
 def test_spec_model_and_dict_plan_alike() -> None:

@@ -1,0 +1,42 @@
+"""Phase peaks against the torch allocator peaks measured on an H200 (bench/results).
+
+Each record carries torch's allocated peak of the forward/backward and of the optimizer step;
+the planner's phase terms are arithmetic on DeepSpeed's buffers, with no fitted constant, so
+they must agree closely: this pins the structure (which buffers exist at which peak).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner import plan
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results" / "nvidia-h200-x2-2026-11-30.jsonl"
+
+
+def _records() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("record", _records(), ids=lambda r: r["case"])
+def test_phase_peaks_match_torch_allocated(record: dict[str, Any]) -> None:
+    g = plan(record["spec"]).per_gpu
+    peaks = record["measured"]["phase_peaks"]
+    fb, step = peaks["forward_backward_allocated_peak"], peaks["optimizer_step_allocated_peak"]
+    assert g.forward_backward_bytes == pytest.approx(fb, rel=0.045)
+    assert g.optimizer_step_bytes == pytest.approx(step, rel=0.1)
+
+
+def test_zero2_buckets_do_not_add_to_the_logits_peak() -> None:
+    """ZeRO-2's ipg buckets are allocated at the first gradient, after the loss: on one GPU the
+    forward/backward peak of ZeRO-0 and ZeRO-2 is the same (10.08 GiB in both records)."""
+    by_case = {r["case"]: r for r in _records()}
+    z0 = plan(by_case["qwen2.5-0.5b|full|z0|off=none|ckpt|s1024|mb2|g1"]["spec"]).per_gpu
+    z2 = plan(by_case["qwen2.5-0.5b|full|z2|off=none|ckpt|s1024|mb2|g1"]["spec"]).per_gpu
+    assert z0.forward_backward_bytes == z2.forward_backward_bytes
+    assert z2.zero_buffers_bytes >= 2 * 500_000_000 * 2
