@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth.service import TokenCache
 from api.datasets.router import router as datasets_router
+from api.db import THREADS, open_database
 from api.errors import install_handlers
 from api.gpus.router import router as gpus_router
 from api.jobs.router import router as jobs_router
@@ -20,7 +24,6 @@ from api.ops.metrics import ApiMetrics
 from api.ops.router import router as ops_router
 from api.plans.router import router as plans_router
 from api.ratelimit import TokenBuckets
-from store.db import session_factory
 from store.models import Job
 from tunebox.settings import Settings, get_settings
 
@@ -46,17 +49,27 @@ def create_app(
         from worker.dispatch import enqueue_job
 
         enqueue = enqueue_job
-    app = FastAPI(title="tunebox", version="0.1.0", openapi_url="/openapi.json",
+    db = open_database(settings.resolved_database_url)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS
+        state.db_slots = anyio.Semaphore(db.slots)  # made here: it belongs to the serving loop
+        yield
+        db.dispose()
+
+    app = FastAPI(title="tunebox", version="0.1.0", openapi_url="/openapi.json", lifespan=lifespan,
                   description="Plan and run fine-tuning jobs on a shared GPU box.")
-    sessions = session_factory(settings.resolved_database_url)
     state: Any = app.state
+    state.db_slots = None
     state.settings = settings
-    state.sessions = sessions
+    state.sessions = db.sessions
+    state.read_sessions = db.reads
     state.enqueue = enqueue
     state.token_cache = TokenCache(token_cache_ttl_s)
     state.submit_buckets = TokenBuckets(settings.submit_rate_per_minute)
     state.stream_timing = stream_timing or StreamTiming()
-    state.metrics = ApiMetrics(lambda: _job_counts(sessions))
+    state.metrics = ApiMetrics(lambda: _job_counts(db.reads))
     install_handlers(app)
     for router in (ops_router, plans_router, jobs_router, datasets_router, gpus_router):
         app.include_router(router)

@@ -7,10 +7,12 @@ the response is sent) and rolls back on an error; callbacks registered with :fun
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
@@ -55,14 +57,27 @@ def _abort(session: Session) -> None:
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
-    # a Session does no I/O until first used, so it is made here; the commit (I/O) runs in a thread
-    session = get_sessions(request)()
-    try:
-        yield session
-    except BaseException:
-        await run_in_threadpool(_abort, session)
-        raise
-    await run_in_threadpool(_finish, session)
+    # a Session does no I/O until first used, so it is made here; the commit (I/O) runs in a thread.
+    # Reads (GET, HEAD) use the autocommit factory: nothing to commit, no BEGIN/COMMIT round trips.
+    slots: anyio.Semaphore | None = request.app.state.db_slots  # see api.db.POOL_SIZE
+    async with slots if slots is not None else contextlib.nullcontext():
+        reads = request.method in ("GET", "HEAD")
+        session = (request.app.state.read_sessions if reads else get_sessions(request))()
+        try:
+            yield session
+        except BaseException:
+            await _end(session, _abort, inline=reads)
+            raise
+        await _end(session, _finish, inline=reads and not session.info.get(_AFTER_COMMIT))
+
+
+async def _end(session: Session, how: Callable[[Session], None], *, inline: bool) -> None:
+    # an autocommit session has nothing to commit or roll back: closing it only hands the
+    # connection back to the pool (no I/O), cheaper here than a hop to a worker thread
+    if inline:
+        how(session)
+    else:
+        await run_in_threadpool(how, session)
 
 
 # scope="function": commit when the endpoint returns, so the client never sees a 201 for a row

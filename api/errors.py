@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -226,7 +227,14 @@ def install_handlers(app: FastAPI) -> None:
                             detail="the server failed; the error is logged", instance=request.url.path)
         return JSONResponse(body, status_code=500, media_type=PROBLEM_MEDIA_TYPE)
 
+    async def on_database_down(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+        return problem_response(request, ServiceUnavailable(
+            "the database is unavailable; retry shortly", headers={"Retry-After": "2"},
+            errors=[FieldError("database", "unavailable")]))
+
     app.add_exception_handler(ApiError, on_api_error)
+    app.add_exception_handler(OperationalError, on_database_down)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)

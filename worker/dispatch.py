@@ -9,12 +9,12 @@ RUN_JOB_TASK = "tunebox.run_job"
 GPU_QUEUE = "gpu"
 
 
-def enqueue_job(job_id: str, *, priority: int = 0) -> str:
-    """Send the run task for ``job_id``; return the Celery task id."""
+def enqueue_job(job_id: str, *, priority: int = 0, task_id: str | None = None) -> str:
+    """Send the run task for ``job_id``; return the Celery task id (``task_id`` if given)."""
     from worker.celery_app import get_celery
 
     result = get_celery().send_task(RUN_JOB_TASK, args=[job_id], queue=GPU_QUEUE,
-                                    priority=_celery_priority(priority))
+                                    priority=_celery_priority(priority), task_id=task_id)
     return str(result.id)
 
 

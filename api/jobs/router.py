@@ -70,8 +70,8 @@ def create_job(
         raise
     if key is not None:
         idempotency.complete(session, user.user_id, key, 201, job.model_dump(mode="json"), job.id)
-    state = request.app.state
-    after_commit(session, partial(service.dispatch, state.sessions, state.enqueue, job.id, job.priority))
+    task_id = service.task_id_of(session, job.id)
+    after_commit(session, partial(service.dispatch, request.app.state.enqueue, job.id, job.priority, task_id))
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
 
@@ -126,7 +126,7 @@ async def job_events(
             raise InvalidInput("Last-Event-ID must be an event id",
                                errors=[FieldError("Last-Event-ID", "not an event id")])
         start = int(last_event_id)
-    stream = event_stream(request.app.state.sessions, job_id, start, request.app.state.stream_timing,
+    stream = event_stream(request.app.state.read_sessions, job_id, start, request.app.state.stream_timing,
                           request.is_disconnected)
     return StreamingResponse(stream, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, text, update
-from sqlalchemy.orm import Session, defer, sessionmaker
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, defer
 
 from api.auth.service import Principal
 from api.errors import (
@@ -179,7 +180,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     plan_json = plan.model_dump(mode="json")
     job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, status=JobStatus.QUEUED,
               priority=spec.priority, spec=spec.model_dump(mode="json"), plan=plan_json,
-              dataset_id=dataset_id, num_gpus=plan.num_gpus,
+              dataset_id=dataset_id, num_gpus=plan.num_gpus, celery_task_id=str(uuid.uuid4()),
               planned_peak_gpu_bytes=plan_json["per_gpu"]["total_bytes"],
               planned_host_bytes=plan_json["host"]["total_bytes"])
     session.add(job)
@@ -192,19 +193,22 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     return job_read(job, user.name)
 
 
-def dispatch(sessions: sessionmaker[Session], enqueue: Enqueue, job_id: str, priority: int) -> None:
-    """Send the run task (after the commit) and remember its id; a failed send leaves the job queued."""
+def task_id_of(session: Session, job_id: str) -> str:
+    job = session.get(Job, job_id)  # in the identity map: no query
+    assert job is not None and job.celery_task_id is not None
+    return job.celery_task_id
+
+
+def dispatch(enqueue: Enqueue, job_id: str, priority: int, task_id: str) -> None:
+    """Send the run task after the commit, under the task id stored with the job.
+
+    A failed send leaves the job queued: the database is the truth, and the workers' reconciler
+    sends a queued job that has no message again.
+    """
     try:
-        task_id = enqueue(job_id, priority=priority)
+        enqueue(job_id, priority=priority, task_id=task_id)
     except Exception:
-        # the database is the truth: the workers' reconciler sends a queued job with no message again
         log.exception("could not enqueue %s; it stays queued for the reconciler", job_id)
-        return
-    with sessions.begin() as session:
-        if session.get_bind().dialect.name == "postgresql":
-            # the task id is a convenience (the job row is already durable): skip the WAL flush wait
-            session.execute(text("SET LOCAL synchronous_commit TO OFF"))
-        session.execute(update(Job).where(Job.id == job_id).values(celery_task_id=task_id))
 
 
 # --------------------------------------------------------------------------- changing

@@ -69,7 +69,8 @@ def _readiness(sessions: sessionmaker[Session], settings: Settings) -> list[Fiel
 @router.get("/readyz", summary="Database and broker reachable",
             responses={503: {"content": {"application/problem+json": {}}}})
 async def readyz(request: Request) -> dict[str, str]:
-    problems = await run_in_threadpool(_readiness, request.app.state.sessions, request.app.state.settings)
+    problems = await run_in_threadpool(_readiness, request.app.state.read_sessions,
+                                       request.app.state.settings)
     if problems:
         raise ServiceUnavailable("not ready: " + "; ".join(p["field"] for p in problems), errors=problems)
     return {"status": "ready", "database": "ok", "broker": "ok"}

@@ -7,6 +7,7 @@ Run as a real worker process (``celery -A tests.api.celery_probe worker -Q gpu``
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import redis
 from celery import Celery
@@ -18,6 +19,7 @@ app.conf.update(task_default_queue=GPU_QUEUE, task_acks_late=True, worker_prefet
                 task_ignore_result=True, broker_connection_retry_on_startup=True)
 
 
-@app.task(name=RUN_JOB_TASK)
-def run_job(job_id: str) -> None:
-    redis.Redis.from_url(os.environ["TUNEBOX_BROKER_URL"]).rpush(os.environ["PROBE_KEY"], job_id)
+@app.task(name=RUN_JOB_TASK, bind=True)
+def run_job(self: Any, job_id: str) -> None:
+    record = f"{job_id} {self.request.id}"
+    redis.Redis.from_url(os.environ["TUNEBOX_BROKER_URL"]).rpush(os.environ["PROBE_KEY"], record)

@@ -58,13 +58,15 @@ def job_spec(**overrides: Any) -> dict[str, Any]:
 @dataclass
 class Enqueued:
     calls: list[tuple[str, int]] = field(default_factory=list)
+    task_ids: list[str | None] = field(default_factory=list)
     fail: bool = False
 
-    def __call__(self, job_id: str, *, priority: int = 0) -> str:
+    def __call__(self, job_id: str, *, priority: int = 0, task_id: str | None = None) -> str:
         if self.fail:
             raise ConnectionError("broker down")
         self.calls.append((job_id, priority))
-        return f"task-{len(self.calls)}"
+        self.task_ids.append(task_id)
+        return task_id or f"task-{len(self.calls)}"
 
 
 @dataclass

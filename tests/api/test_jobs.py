@@ -28,12 +28,13 @@ def test_submit_stores_queued_job_with_plan_and_enqueues_after_commit(env: Env) 
     assert shown.status_code == 200 and shown.json()["id"] == job["id"]
 
 
-def test_task_id_is_stored_after_dispatch(env: Env) -> None:
+def test_the_task_is_sent_under_the_id_stored_with_the_job(env: Env) -> None:
     job = env.submit()
     from store.db import session_scope
 
     with session_scope(env.url) as session:
-        assert session.get(Job, job["id"]).celery_task_id == "task-1"
+        stored = session.get(Job, job["id"]).celery_task_id
+    assert stored and env.enqueued.task_ids == [stored]
 
 
 def test_broker_failure_keeps_the_job_queued(env: Env) -> None:

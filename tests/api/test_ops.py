@@ -31,7 +31,10 @@ def test_readyz_is_503_when_the_database_is_unreachable(roots: tuple[Path, Path]
     settings = make_settings("postgresql+psycopg://postgres@127.0.0.1:1/none", roots, tmp_path)
     with TestClient(create_app(settings, enqueue=lambda *a, **k: "t")) as client:
         res = client.get("/readyz")
+        api = client.get("/v1/jobs", headers={"Authorization": "Bearer tb_x"})
     assert res.status_code == 503 and "database" in [e["field"] for e in res.json()["errors"]]
+    assert api.status_code == 503 and api.headers["content-type"] == "application/problem+json"
+    assert api.headers["retry-after"]
 
 
 def test_prometheus_metrics(env: Env) -> None:

@@ -1,0 +1,43 @@
+"""The API's database handles: a session factory for writes and one in autocommit for reads.
+
+A GET runs its one or two SELECTs in autocommit: no BEGIN/COMMIT round trips for a request that
+writes nothing. Connections are not pinged on checkout (a round trip per request); after a
+database restart the pool is invalidated on the first failure, which answers 503.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from store.db import make_engine
+
+# Requests holding a session at once, per process. A session keeps its connection from the
+# handler's thread to the commit's thread; with more sessions than connections, handlers waiting
+# for a connection could hold every thread while the sessions that own the connections wait for
+# a thread to commit in. Admitting at most POOL_SIZE sessions makes that wait impossible.
+POOL_SIZE = 12
+# Threads for blocking work: a few are enough on a small box, and fewer runnable threads contend
+# less for the GIL than anyio's default of 40.
+THREADS = 8
+
+
+@dataclass(frozen=True)
+class ApiDatabase:
+    engine: Engine
+    sessions: sessionmaker[Session]
+    reads: sessionmaker[Session]
+    slots: int = POOL_SIZE
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def open_database(url: str) -> ApiDatabase:
+    extra = {} if url.startswith("sqlite") else {"pool_size": POOL_SIZE, "max_overflow": 0}
+    engine = make_engine(url, pool_pre_ping=False, **extra)
+    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    return ApiDatabase(engine=engine, sessions=sessionmaker(bind=engine, expire_on_commit=False),
+                       reads=sessionmaker(bind=autocommit, expire_on_commit=False))
