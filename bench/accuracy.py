@@ -38,6 +38,12 @@ class Row:
     record: dict[str, Any]
     plan: Plan | None
     problem: str | None
+    source: str = ""
+
+    @property
+    def calibration(self) -> bool:
+        """Whether the planner's constants were fitted on this record (C.CALIBRATION_RESULTS)."""
+        return self.source in C.CALIBRATION_RESULTS
 
     def measured(self, key: str) -> float | None:
         value = (self.record.get("measured") or {}).get(key)
@@ -53,11 +59,12 @@ class Row:
 
 
 def load_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """Records of every file, each tagged with its file's name under ``_source``."""
     records = []
     for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
-                records.append(json.loads(line))
+                records.append({**json.loads(line), "_source": path.name})
     return records
 
 
@@ -69,7 +76,9 @@ def plan_records(records: Sequence[dict[str, Any]]) -> list[Row]:
             problem = None
         except PlanError as exc:
             result, problem = None, f"planner refused: {exc}"
-        rows.append(Row(rec.get("case", "?"), rec.get("status", "?"), rec, result, problem))
+        rows.append(
+            Row(rec.get("case", "?"), rec.get("status", "?"), rec, result, problem, rec.get("_source", ""))
+        )
     return rows
 
 
@@ -91,6 +100,10 @@ def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _group(row: Row) -> str:
+    return "calibration" if row.calibration else "held-out"
+
+
 def _allocated(p: Plan) -> int:
     return max(p.per_gpu.forward_backward_bytes, p.per_gpu.optimizer_step_bytes)
 
@@ -109,9 +122,9 @@ def _describe(rec: dict[str, Any]) -> str:
 
 def _memory_table(rows: Sequence[Row]) -> list[str]:
     out = [
-        "| case | setup | status | NVML peak GiB | planned GiB | error | torch alloc GiB | planned alloc GiB "
-        "| error | step s | planned s | error |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | group | setup | status | NVML peak GiB | planned GiB | error | torch alloc GiB "
+        "| planned alloc GiB | error | step s | planned s | error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         p = row.plan
@@ -123,7 +136,8 @@ def _memory_table(rows: Sequence[Row]) -> list[str]:
         planned_step = p.estimated_step_seconds if p else None
         status = row.status if row.status != "oom" else f"OOM (planned fits={p.fits if p else '?'})"
         out.append(
-            f"| {row.case} | {_describe(row.record)} | {status} | {_gib(nvml)} | {_gib(planned)} | "
+            f"| {row.case} | {_group(row)} | {_describe(row.record)} | {status} | {_gib(nvml)} | "
+            f"{_gib(planned)} | "
             f"{_pct(error(planned, nvml))} | {_gib(alloc)} | {_gib(planned_alloc)} | "
             f"{_pct(error(planned_alloc, alloc))} | {_secs(step)} | {_secs(planned_step)} | "
             f"{_pct(error(planned_step, step))} |"
@@ -225,8 +239,9 @@ def calibration(rows: Sequence[Row]) -> list[str]:
         )
     if slack:
         lines.append(
-            f"- reserved / allocated - 1 (ALLOCATOR_SLACK_FRACTION = {C.ALLOCATOR_SLACK_FRACTION}): "
-            f"median {statistics.median(slack):.3f}"
+            f"- reserved / allocated - 1 (modelled as {C.ALLOCATOR_SLACK_FRACTION} x allocated + "
+            f"{C.ALLOCATOR_SLACK_BYTES / GIB:.2f} GiB + {C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS:g} x the "
+            f"largest trainable tensor's bf16 bytes): median {statistics.median(slack):.3f}"
         )
     if speed:
         lines.append(
@@ -256,12 +271,23 @@ def _environment(records: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _summary_lines(stats: dict[str, list[float]]) -> list[str]:
+    return [
+        f"- GPU peak (NVML, busiest GPU) vs `per_gpu.total_bytes`: {_stats(stats['gpu_peak'])}",
+        f"- torch max allocated vs planned allocated peak: {_stats(stats['gpu_allocated'])}",
+        f"- host RSS vs planned host (offload cases): {_stats(stats['host'])}",
+        f"- step time vs `estimated_step_seconds`: {_stats(stats['step_time'])}",
+    ]
+
+
 def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
     stats = summary(rows)
     oom = [r for r in rows if r.status == "oom"]
     missed = [r.case for r in oom if r.plan is not None and r.plan.fits]
     refused = [f"{r.case}: {r.problem}" for r in rows if r.problem]
     errored = [f"{r.case}: {(r.record.get('error') or '')[:120]}" for r in rows if r.status == "error"]
+    calib = [r for r in rows if r.calibration]
+    held = [r for r in rows if not r.calibration]
     lines = [
         "# Planner accuracy against measurements",
         "",
@@ -272,12 +298,23 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         "## Hardware and versions",
         *_environment([r.record for r in rows]),
         "",
-        "## Summary",
-        f"- GPU peak (NVML, busiest GPU) vs `per_gpu.total_bytes`: {_stats(stats['gpu_peak'])}",
-        f"- torch max allocated vs planned allocated peak: {_stats(stats['gpu_allocated'])}",
-        f"- host RSS vs planned host, model built on the GPU (offload cases): {_stats(stats['host'])}",
-        f"- step time vs `estimated_step_seconds`: {_stats(stats['step_time'])}",
+        "Command: `.venv/bin/python bench/accuracy.py --out docs/accuracy.md`.",
+        "",
+        "## Calibration and held-out records",
+        "The named constants of `planner/constants.py` were fitted on the records of "
+        + ", ".join(f"`{name}`" for name in C.CALIBRATION_RESULTS)
+        + " (`CALIBRATION_RESULTS`); every other results file is held-out: it tests the model "
+        "and was not used to build it.",
+        "",
+        "## Summary: all records",
+        *_summary_lines(stats),
         f"- OOM cases: {len(oom)}; planned to fit although they OOMed: {', '.join(missed) or 'none'}",
+        "",
+        f"## Summary: calibration records ({len(calib)})",
+        *_summary_lines(summary(calib)),
+        "",
+        f"## Summary: held-out records ({len(held)})",
+        *(_summary_lines(summary(held)) if held else ["- none yet: new results files land here"]),
         "",
         "## Calibration of the named constants",
         *calibration(rows),
@@ -316,8 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = plan_records(load_records(sources))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(rows, sources), encoding="utf-8")
-    for name, errors in summary(rows).items():
-        print(f"{name}: {_stats(errors)}")
+    for group, members in (
+        ("calibration", [r for r in rows if r.calibration]),
+        ("held-out", [r for r in rows if not r.calibration]),
+    ):
+        for name, errors in summary(members).items():
+            print(f"{group} {name}: {_stats(errors)}")
     print(f"wrote {args.out}")
     return 0
 

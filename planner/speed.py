@@ -57,7 +57,7 @@ def _mfu(facts: ModelFacts, s: Setup) -> float:
     # A matmul is as efficient as its smallest dimension allows: few tokens per micro-batch or a
     # narrow model leave the tensor cores waiting on memory.
     dim = min(s.tokens_per_micro_batch, facts.arch.hidden_size)
-    return C.MFU * dim / (dim + C.MATMUL_HALF_EFFICIENCY_DIM)
+    return C.MFU * dim / (dim + C.MATMUL_HALF_EFFICIENCY_DIM) if dim > 0 else C.MFU
 
 
 def _micro_compute(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, float]:
@@ -69,9 +69,20 @@ def _micro_compute(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float,
         matmul_share = 2.0 * facts.arch.matmul_params / fwd
         slowdown = 1 + (C.QLORA_MATMUL_SLOWDOWN - 1) * matmul_share
     seconds = flops * slowdown / (rates.flops * _mfu(facts, s))
+    # Measured on the H200 these host-side costs add to the GPU time rather than hide behind it.
     launch = passes * facts.arch.num_layers * C.LAYER_PASS_OVERHEAD_S
-    hooks = passes * facts.arch.num_layers * C.ZERO3_LAYER_PASS_OVERHEAD_S if s.zero_stage == 3 else 0.0
-    return max(seconds, launch) + hooks, flops
+    hooks = 0.0
+    if s.zero_stage == 3:
+        hooks = passes * facts.arch.num_layers * _modules_per_layer(facts) * C.ZERO3_MODULE_PASS_OVERHEAD_S
+    return seconds + launch + hooks, flops
+
+
+def _modules_per_layer(facts: ModelFacts) -> int:
+    """nn.Modules of one decoder layer that ZeRO-3 hooks: its linears, the layer, attention, MLP,
+    activation and two norms; peft adds six per adapted linear (lora_A/lora_B/lora_dropout
+    ModuleDicts and the modules inside them)."""
+    adapted = len(facts.lora.layer_linears) if facts.lora else 0
+    return len(facts.arch.linears) + 6 + 6 * adapted
 
 
 def _micro_comm(facts: ModelFacts, s: Setup, w: int) -> float:
