@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args[:1] == ["worker"]:
-        return run_worker(concurrency=int(args[1]) if len(args) > 1 else 1)
+        return run_worker(concurrency=int(args[1]) if len(args) > 1 else None)
     if args[:1] == ["serve"]:
         host = args[1] if len(args) > 1 else "127.0.0.1"
         return run_serve(host, int(args[2]) if len(args) > 2 else 8000)

@@ -1,0 +1,281 @@
+"""The whole service on a GPU box, against the same training launched by hand.
+
+Builds two random-init Qwen2.5-shaped model folders (1.5B and 0.5B, a locally trained tokenizer) and
+a long-row alpaca dataset, starts ``tunebox serve`` on its embedded default (SQLite, the filesystem
+broker, one worker beside the API), submits through the REST API
+
+- A: LoRA on the 1.5B model, ZeRO-3 with optimizer and parameter offload to the CPU, evaluation at
+  the end in its own process;
+- B: full fine-tuning of the 0.5B model, ZeRO-3 without offload;
+
+waits for both, then runs the very same ``run.json`` of each job by hand under the ``deepspeed``
+launcher, and writes one JSON report: status history, loss curve, measured peak GPU memory and host
+RSS against the plan, tokens/s of the service and of the hand run, and their ratio.
+
+    python3 -m bench.service_gpu --out report.json [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.cases import MODELS
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = (  # noqa: SIM905 - one readable line of words
+    "river stone light garden paper window silver market winter orange signal harbor "
+    "forest engine bridge candle thunder meadow rocket velvet copper island mirror shadow "
+    "lantern canyon breeze marble falcon ember glacier harvest needle orbit pillar quartz "
+    "ribbon saddle timber violet walnut yonder zephyr anchor basket cobalt dune feather").split()
+
+
+def build_tokenizer(dest: Path) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    corpus = [" ".join(rng.choice(WORDS) for _ in range(200)) for _ in range(200)]
+    corpus.append("### Instruction: ### Response: Continue the sequence.")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(dest)
+    return fast
+
+
+TINY = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "max_position_embeddings": 4096, "tie_word_embeddings": True}
+
+
+def build_model(name: str, dest: Path, device: str) -> Path:
+    """A random-init model of ``name``'s published architecture, saved in bf16 like a real one."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dest.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(dest)
+    raw = dict(TINY if device == "cpu" else MODELS[name])
+    raw.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id, torch_dtype="bfloat16")
+    config = AutoConfig.for_model(**raw)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(dest)
+    del model
+    torch.cuda.empty_cache()
+    return dest
+
+
+def build_dataset(path: Path, rows: int, words: int) -> Path:
+    rng = random.Random(1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for _ in range(rows):
+            seed = [rng.choice(WORDS) for _ in range(4)]
+            text = " ".join(seed[i % 4] for i in range(words))  # a learnable repeating pattern
+            f.write(json.dumps({"instruction": "Continue the sequence.", "input": " ".join(seed),
+                                "output": text}) + "\n")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tunebox(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "tunebox.cli", *args], env=env, cwd=REPO,
+                         capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def job_spec(name: str, model: Path, data: Path, method: str, offload: str, steps: int,
+             seq_len: int, micro: int) -> dict[str, Any]:
+    return {
+        "name": name, "model": {"path": str(model)},
+        "dataset": {"path": str(data), "format": "alpaca", "eval_fraction": 0.02},
+        "method": method,
+        "lora": {"r": 16, "alpha": 32, "dropout": 0.05,
+                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+        "training": {"max_steps": steps, "epochs": None, "learning_rate": 2e-4 if method == "lora" else 2e-5,
+                     "lr_scheduler": "cosine", "warmup_ratio": 0.05, "micro_batch_size": micro,
+                     "gradient_accumulation_steps": 1, "seq_len": seq_len, "gradient_checkpointing": True,
+                     "precision": "bf16", "save_steps": steps // 2, "seed": 42},
+        "resources": {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": offload, "offload_param": offload},
+        "eval": {"when": "end", "max_new_tokens": 64, "batch_size": 1, "num_samples": 4},
+    }
+
+
+def progress_lines(job_dir: Path) -> list[dict[str, Any]]:
+    path = job_dir / "progress.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def steady_tokens_per_second(lines: list[dict[str, Any]], skip: int = 3) -> float | None:
+    """Median tokens/s over the steps after warm-up, leaving out steps that wrote a checkpoint."""
+    ckpt_steps = {ln["step"] for ln in lines if ln["type"] == "checkpoint"}
+    rates = [ln["tokens_per_second"] for ln in lines if ln["type"] == "progress"
+             and ln["step"] > skip and ln["step"] - 1 not in ckpt_steps and ln["step"] not in ckpt_steps]
+    return statistics.median(rates) if rates else None
+
+
+def wait_jobs(client: httpx.Client, ids: list[str], timeout: float) -> dict[str, dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = {i: client.get(f"/v1/jobs/{i}").json() for i in ids}
+        if all(j["status"] in ("succeeded", "failed", "cancelled") for j in jobs.values()):
+            return jobs
+        if time.monotonic() > deadline:
+            return jobs
+        time.sleep(2)
+
+
+def collect(client: httpx.Client, job: dict[str, Any], data_dir: Path) -> dict[str, Any]:
+    jid = job["id"]
+    events = client.get(f"/v1/jobs/{jid}/events", params={"limit": 1000}).json()["items"]
+    points = client.get(f"/v1/jobs/{jid}/metrics").json()["points"]
+    lines = progress_lines(data_dir / "jobs" / jid)
+    return {
+        "job": job,
+        "status_history": [(e["created_at"], e["data"]["to"]) for e in events if e["kind"] == "status"],
+        "loss_curve": [(p["step"], p["loss"]) for p in sorted(points, key=lambda p: p["step"])],
+        "nvml_peak_bytes": max((ln.get("nvml_peak_bytes") or 0 for ln in lines), default=None),
+        "torch_peak_reserved_bytes": max((ln.get("peak_gpu_bytes") or 0 for ln in lines), default=None),
+        "steady_tokens_per_second": steady_tokens_per_second(lines),
+    }
+
+
+def hand_run(job_dir: Path, dest: Path, gpu: int | None) -> subprocess.Popen[bytes]:
+    """The job's own run.json, launched by hand with the ``deepspeed`` launcher on one GPU."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    shutil.copy(job_dir / "run.json", dest / "run.json")
+    include = [] if gpu is None else ["--include", f"localhost:{gpu}"]
+    argv = [sys.executable, "-m", "deepspeed.launcher.runner", *include,
+            "--master_port", str(free_port()), "--module", "worker.train", "--job-dir", str(dest)]
+    log = (dest / "train.log").open("wb")
+    return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/tunebox-service-bench"))
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=360)
+    ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU: a smoke test of this script")
+    args = ap.parse_args()
+    device = "cpu" if args.tiny else "cuda"
+    t0 = time.monotonic()
+    work = args.work
+    models, datasets, data_dir = work / "models", work / "data", work / "tunebox"
+    m15 = build_model("qwen2.5-1.5b", models / "qwen2.5-1.5b-random", device)
+    m05 = build_model("qwen2.5-0.5b", models / "qwen2.5-0.5b-random", device)
+    data = build_dataset(datasets / "pattern.jsonl", rows=args.steps * args.micro_batch * 2,
+                         words=args.seq_len)
+    report: dict[str, Any] = {"setup_seconds": round(time.monotonic() - t0, 1)}
+
+    env = dict(os.environ)
+    env.update({
+        "TUNEBOX_DATA_DIR": str(data_dir), "TUNEBOX_MODEL_ROOTS": json.dumps([str(models)]),
+        "TUNEBOX_DATASET_ROOTS": json.dumps([str(datasets)]), "TUNEBOX_WORKER_CONCURRENCY": "2",
+        "TUNEBOX_PROGRESS_INTERVAL_S": "1", "PYTHONPATH": f"{REPO}:{env.get('PYTHONPATH', '')}",
+    })
+    if args.tiny:  # the CPU stands in for two GPUs
+        env.update({"DS_ACCELERATOR": "cpu", "TUNEBOX_GPU_COUNT": "2",
+                    "TUNEBOX_GPU_MEMORY_BYTES": str(24 * 2**30)})
+    env.pop("TUNEBOX_BROKER_URL", None)
+    env.pop("TUNEBOX_DATABASE_URL", None)
+    tunebox(env, "db", "upgrade")
+    token = tunebox(env, "token", "create", "bench", "--admin").strip().splitlines()[0]
+    port = free_port()
+    serve_log = (work / "serve.log").open("wb")
+    serve = subprocess.Popen([sys.executable, "-m", "tunebox.cli", "serve", "--port", str(port)],
+                             env=env, cwd=REPO, stdout=serve_log, stderr=subprocess.STDOUT)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                          headers={"Authorization": f"Bearer {token}"})
+    try:
+        for _ in range(120):
+            try:
+                if client.get("/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        specs = {"lora_1.5b_z3_offload": job_spec("lora-1.5b-z3-offload", m15, data, "lora", "cpu",
+                                                  args.steps, args.seq_len, args.micro_batch),
+                 "full_0.5b_z3": job_spec("full-0.5b-z3", m05, data, "full",
+                                          "cpu" if args.tiny else "none", args.steps,
+                                          args.seq_len, args.micro_batch)}
+        ids: dict[str, str] = {}
+        for key, body in specs.items():
+            resp = client.post("/v1/jobs", json=body)
+            if resp.status_code != 201:
+                report[key] = {"submit_error": resp.json()}
+                continue
+            ids[key] = resp.json()["id"]
+            report[key] = {"plan": resp.json().get("plan")}
+        jobs = wait_jobs(client, list(ids.values()), args.timeout)
+        for key, jid in ids.items():
+            report[key].update(collect(client, jobs[jid], data_dir))
+        report["gpus"] = client.get("/v1/gpus").json()
+    finally:
+        serve.terminate()
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+    report["service_seconds"] = round(time.monotonic() - t0, 1)
+
+    # the same runs by hand, both at once as in the service, one GPU each
+    hands = {key: (hand_run(data_dir / "jobs" / jid, work / "hand" / key, None if args.tiny else gpu),
+                   work / "hand" / key)
+             for gpu, (key, jid) in enumerate(ids.items())}
+    for key, (proc, dest) in hands.items():
+        code = proc.wait(timeout=args.timeout)
+        lines = progress_lines(dest)
+        hand = {"exit_code": code, "steady_tokens_per_second": steady_tokens_per_second(lines),
+                "nvml_peak_bytes": max((ln.get("nvml_peak_bytes") or 0 for ln in lines), default=None)}
+        service_rate = report[key].get("steady_tokens_per_second")
+        if service_rate and hand["steady_tokens_per_second"]:
+            hand["service_over_hand_ratio"] = round(service_rate / hand["steady_tokens_per_second"], 4)
+        report[key]["hand_run"] = hand
+    report["total_seconds"] = round(time.monotonic() - t0, 1)
+    args.out.write_text(json.dumps(report, indent=1, default=str))
+    for key in ids:
+        r = report[key]
+        job = r["job"]
+        print(f"{key}: {job['status']} planned {job['planned_peak_gpu_bytes']} measured "
+              f"{job['progress'].get('measured_peak_gpu_bytes')} nvml {r['nvml_peak_bytes']} "
+              f"tok/s {r['steady_tokens_per_second']} hand {r['hand_run']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
