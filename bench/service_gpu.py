@@ -252,6 +252,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             serve.kill()
     report["service_seconds"] = round(time.monotonic() - t0, 1)
+    args.out.write_text(json.dumps(report, indent=1, default=str))  # kept if the hand runs do not finish
 
     # the same runs by hand, both at once as in the service, one GPU each
     hands = {key: (hand_run(data_dir / "jobs" / jid, work / "hand" / key, None if args.tiny else gpu),
