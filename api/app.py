@@ -79,10 +79,14 @@ def create_app(
     return app
 
 
+_app: FastAPI | None = None
+
+
 def __getattr__(name: str) -> Any:
     # `uvicorn api.app:app`: built on first access, so importing create_app reads no settings
+    global _app
     if name == "app":
-        global app
-        app = create_app()
-        return app
+        if _app is None:
+            _app = create_app()
+        return _app
     raise AttributeError(name)

@@ -117,7 +117,8 @@ def cpu_seconds(pids: list[int]) -> dict[str, float]:
     return {"server": total(server), "postgres": total(postgres), "client": time.process_time()}
 
 
-def summarize(name: str, stats: Stats, duration: float, cpu: dict[str, float] | None = None) -> dict[str, Any]:
+def summarize(name: str, stats: Stats, duration: float,
+              cpu: dict[str, float] | None = None) -> dict[str, Any]:
     lat = sorted(stats.latencies)
 
     def pct(p: float) -> float:
@@ -281,11 +282,12 @@ def main() -> int:
             stop_server(proc)
     drop_pg_database(pg_url)
     redis.Redis.from_url(redis_url).flushdb()
-    info = {"load_average_at_end": os.getloadavg(), "workers": args.workers, "concurrency": args.concurrency, "duration_s": args.duration,
+    info = {"load_average_at_end": os.getloadavg(), "workers": args.workers,
+            "concurrency": args.concurrency, "duration_s": args.duration,
             "messages_on_redis_gpu_queue": queued, "machine": machine()}
     print(json.dumps(info))
-    print("\n| phase | req/s | p50 ms | p95 ms | p99 ms | server CPU ms/req | Postgres CPU ms/req | statuses |"
-          "\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| phase | req/s | p50 ms | p95 ms | p99 ms | server CPU ms/req | Postgres CPU ms/req "
+          "| statuses |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         print(f"| {r['phase']} | {r['rps']} | {r['p50_ms']} | {r['p95_ms']} | {r['p99_ms']} "
               f"| {r.get('server_cpu_ms_per_req')} | {r.get('postgres_cpu_ms_per_req')} | {r['statuses']} |")

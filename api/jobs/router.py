@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -29,10 +29,11 @@ from store.states import JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-_PROBLEMS = {code: {"description": text, "content": {"application/problem+json": {}}}
-             for code, text in [(401, "No or bad token"), (404, "Unknown job"),
-                                (422, "Invalid spec, or the job does not fit (body carries plan and "
-                                      "alternatives)")]}
+_PROBLEMS: dict[int | str, dict[str, Any]] = {
+    code: {"description": text, "content": {"application/problem+json": {}}}
+    for code, text in [(401, "No or bad token"), (404, "Unknown job"),
+                       (422, "Invalid spec, or the job does not fit (body carries plan and alternatives)")]
+}
 
 
 async def submit_allowance(request: Request, user: CurrentUser) -> Principal:

@@ -48,9 +48,9 @@ def _broker_problem(settings: Settings) -> str | None:
             folder = Path(settings.data_dir) / "broker"
             folder.mkdir(parents=True, exist_ok=True)
         else:
-            from kombu import Connection
+            from kombu.connection import Connection
 
-            with Connection(url, connect_timeout=CHECK_TIMEOUT_S) as conn:
+            with Connection(url, connect_timeout=CHECK_TIMEOUT_S) as conn:  # type: ignore[no-untyped-call]
                 conn.ensure_connection(max_retries=1)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
