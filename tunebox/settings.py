@@ -102,6 +102,11 @@ class Settings(BaseSettings):
                                                   "per GPU.")] = False
     torch_extensions_dir: Annotated[Path | None, Field(description="Cache of compiled DeepSpeed ops; "
                                                        "default: `DATA_DIR/torch_extensions`.")] = None
+    job_address_space_bytes: Annotated[int | None, Field(ge=2**28, description="Cap on the address "
+                                                          "space (RLIMIT_AS) of each training and "
+                                                          "evaluation process: a job that outgrows it "
+                                                          "fails `host_oom` instead of starving the "
+                                                          "box's other jobs. Unset: no cap.")] = None
 
     @property
     def resolved_database_url(self) -> str:

@@ -200,8 +200,8 @@ def start_training(directory: Path, grant: Grant, settings: Settings, run: RunId
                 "--module", settings.train_module, "--job-dir", str(directory)]
         if device_of(grant) == "cuda":
             env.pop("CUDA_VISIBLE_DEVICES", None)
-        return _spawn([(argv, env)], directory, log_path)
-    argv = [sys.executable, "-m", settings.train_module, "--job-dir", str(directory)]
+        return _spawn([(capped(argv, settings), env)], directory, log_path)
+    argv = capped([sys.executable, "-m", settings.train_module, "--job-dir", str(directory)], settings)
     return _spawn([(argv, rank_env(env, r, world, port)) for r in range(world)], directory, log_path)
 
 
@@ -213,7 +213,15 @@ def start_eval(directory: Path, checkpoint: str, grant: Grant, settings: Setting
         env["CUDA_VISIBLE_DEVICES"] = str(grant.indices[0])
     argv = [sys.executable, "-m", settings.eval_module, "--job-dir", str(directory),
             "--checkpoint", checkpoint]
-    return _spawn([(argv, env)], directory, directory / "eval.log")
+    return _spawn([(capped(argv, settings), env)], directory, directory / "eval.log")
+
+
+def capped(argv: list[str], settings: Settings) -> list[str]:
+    """``argv`` under the per-process address-space cap (``job_address_space_bytes``), if one is set."""
+    limit = settings.job_address_space_bytes
+    if not limit:
+        return argv
+    return [sys.executable, "-m", "worker.rlimit", "--address-space", str(limit), "--", *argv]
 
 
 def _spawn(commands: list[tuple[list[str], dict[str, str]]], cwd: Path, log_path: Path) -> ProcessGroup:

@@ -175,10 +175,15 @@ def classify(exc: BaseException) -> JobFailure:
         return exc
     if type(exc).__name__ == "OutOfMemoryError" and type(exc).__module__.startswith("torch"):
         return JobFailure(ERROR, "cuda_oom", f"CUDA out of memory: {exc}")
-    if isinstance(exc, MemoryError):
+    if isinstance(exc, MemoryError) or _cpu_allocator_failed(exc):
         return JobFailure(ERROR, "host_oom", f"host out of memory: {exc}")
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return JobFailure(ERROR, "disk_full", f"disk full: {exc}")
     if isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower() and "CUDA" in str(exc):
         return JobFailure(ERROR, "cuda_oom", f"CUDA out of memory: {exc}")
     return JobFailure(ERROR, "error", f"{type(exc).__name__}: {exc}")
+
+
+def _cpu_allocator_failed(exc: BaseException) -> bool:
+    # torch's CPU allocator reports a failed malloc as a RuntimeError, not a MemoryError
+    return isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
