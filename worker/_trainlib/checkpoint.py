@@ -7,6 +7,7 @@ Layout of ``checkpoints/step-N/``: the adapter in peft's format (``adapter_model
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -118,11 +119,27 @@ def save(engine: Any, tokenizer: Any, root: Path, step: int, state: dict[str, An
                 shutil.rmtree(final)
             os.rename(tmp, final)
         _barrier()
-    except BaseException:
+    except BaseException as exc:
+        full = isinstance(exc, Exception) and _out_of_space(root)  # before the partial folder frees space
         if is_rank0:
             shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            # torch.save and safetensors report a full disk as their own errors ("unexpected pos ...")
+            raise OSError(errno.ENOSPC, f"no space left on the device of {root} while saving step {step}: "
+                          f"{type(exc).__name__}: {exc}") from exc
         raise
     return final
+
+
+# a write that failed with this little room left failed for want of room
+LOW_SPACE_BYTES = 1 << 20
+
+
+def _out_of_space(path: Path) -> bool:
+    try:
+        return shutil.disk_usage(path).free < LOW_SPACE_BYTES
+    except OSError:
+        return False
 
 
 def resume(engine: Any, found: Found) -> None:
