@@ -8,6 +8,11 @@ modelling code (transformers 5, SDPA attention, bf16):
 * a Linear saves its input only when its weight is trainable (autograd saves what the needed
   gradients use); a LoRA adapter saves its dropout output and mask (or the shared input when
   dropout is 0) and the rank-r intermediate;
+* under ZeRO-3, ``zero.Init`` replaces ``torch.nn.functional.linear`` for the rest of the process
+  with DeepSpeed's ``LinearFunctionForZeroStage3``, which saves every input, frozen weight or not
+  (the LM head's too); and peft's adapters stay fp32 (``autocast_adapter_dtype``; DeepSpeed casts
+  parameters to bf16 only for a model it did not build), so each adapter saves its own fp32 copy
+  of the input and an fp32 rank-r intermediate;
 * SDPA (flash / memory-efficient kernels) saves q and k after RoPE, v, the output and the fp32
   log-sum-exp per head; eager attention adds the fp32 softmax and its bf16 copy, seq^2 per head,
   and expands grouped k/v to all heads;
@@ -64,23 +69,35 @@ def _norm_bytes(elements: int, act: int, trainable: bool, gemma_type: bool) -> i
     return (_FP32 + (_FP32 if gemma_type else act)) * elements + rsqrt
 
 
-def _linear_inputs(arch: Arch, act: int, full: bool, lora: LoraTargets | None, sdpa_keeps_out: bool) -> int:
+def _adapter_bytes(act: int, zero3: bool) -> int:
+    """Element size of a LoRA adapter's activations: fp32 adapters under ZeRO-3 (see above)."""
+    return _FP32 if zero3 else act
+
+
+def _linear_inputs(
+    arch: Arch, act: int, full: bool, lora: LoraTargets | None, sdpa_keeps_out: bool, zero3: bool
+) -> int:
     total = 0
     adapted = {lin.name for lin in lora.layer_linears} if lora else set()
     dropout = lora is not None and lora.dropout > 0
+    lora_act = _adapter_bytes(act, zero3)
+    # An adapter without dropout saves the layer's own input only when it needs no dtype cast.
+    adapter_copies = dropout or lora_act != act
     for key in ("attn_in", "attn_out", "mlp_in", "mlp_mid"):
         group = [lin for lin in arch.linears if lin.input_key == key]
         if not group:
             continue
         width = group[0].in_features
-        shared = full or any(lin.name in adapted and not dropout for lin in group)
+        shared = full or zero3 or any(lin.name in adapted and not adapter_copies for lin in group)
         if shared and not (key == "attn_out" and sdpa_keeps_out):
             total += act * width
         for lin in group:
             if lin.name in adapted:
-                total += act * lora.r if lora else 0  # lora_A output, saved by lora_B
+                total += lora_act * lora.r if lora else 0  # lora_A output, saved by lora_B
                 if dropout:
-                    total += (act + _MASK) * width
+                    total += (lora_act + _MASK) * width
+                elif adapter_copies:
+                    total += lora_act * width
     return total
 
 
@@ -105,7 +122,8 @@ def _layer_saved(arch: Arch, setup: Setup, lora: LoraTargets | None, act: int) -
     if arch.model_type == "qwen3":
         total += _norm_bytes(arch.q_dim + arch.kv_dim, act, full, False)
     total += _attention_bytes(arch, act, setup)
-    total += _linear_inputs(arch, act, full, lora, setup.attn_implementation != "eager")
+    zero3 = setup.zero_stage == 3
+    total += _linear_inputs(arch, act, full, lora, setup.attn_implementation != "eager", zero3)
     total += 3 * act * arch.intermediate_size
     return total
 
@@ -121,8 +139,8 @@ def _layer_backward_transient(arch: Arch, setup: Setup, act: int) -> int:
 def _final_saved(arch: Arch, setup: Setup, lora: LoraTargets | None, act: int) -> int:
     full = setup.method == "full"
     total = _norm_bytes(arch.hidden_size, act, full, arch.model_type.startswith("gemma"))
-    if full or (lora is not None and lora.lm_head):
-        total += act * arch.hidden_size
+    if full or setup.zero_stage == 3 or (lora is not None and lora.lm_head):
+        total += act * arch.hidden_size  # the LM head's input
     return total
 
 
@@ -131,7 +149,14 @@ def _frozen_prefix(arch: Arch, setup: Setup, lora: LoraTargets | None, act: int)
     # layer's input norm saves nothing.
     if setup.method == "full" or (lora is not None and lora.embed_tokens):
         return 0
-    return _norm_bytes(arch.hidden_size, act, False, False)
+    frozen = _norm_bytes(arch.hidden_size, act, False, False)
+    if setup.zero_stage == 3:  # nor do the first layer's q/k/v base linears save their input
+        frozen += act * _width(arch, "attn_in")
+    return frozen
+
+
+def _width(arch: Arch, key: str) -> int:
+    return next((lin.in_features for lin in arch.linears if lin.input_key == key), 0)
 
 
 def logits_bytes_per_token(arch: Arch, act: int) -> int:

@@ -387,11 +387,12 @@ def _activations(
     method: Method,
     precision: Precision,
     attn: str,
+    zero3: bool,
 ) -> ActivationEstimate:
     s = Setup(
         method=method,
         num_gpus=1,
-        zero_stage=0,
+        zero_stage=3 if zero3 else 0,
         offload_optimizer="none",
         offload_param="none",
         micro_batch_size=micro,
@@ -418,6 +419,7 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
         s.method,
         s.precision,
         s.attn_implementation,
+        s.zero_stage == 3,
     )
     bufs = _zero_buffers(facts, s, w)
     gathered = _gathered_bytes(facts, s)
