@@ -147,8 +147,9 @@ class Stack:
     api: ApiServer | None = None
     workers: list[WorkerProcess] = field(default_factory=list)
 
-    def env(self, **extra: Any) -> dict[str, str]:
-        env = worker_env(self.db_url, self.broker_url, self.data_dir, **{**self.overrides, **extra})
+    def env(self, broker_url: str | None = None, **extra: Any) -> dict[str, str]:
+        env = worker_env(self.db_url, broker_url or self.broker_url, self.data_dir,
+                         **{**self.overrides, **extra})
         env.update({"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "DS_ACCELERATOR": "cpu"})
         return env
 
@@ -307,3 +308,38 @@ def tmpfs(path: Path, size: str) -> Iterator[bool]:
                 time.sleep(0.5)
             else:
                 subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+class BlackHole:
+    """A TCP server that accepts and reads but never answers: a broker that hangs every send."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+        self.conns: list[socket.socket] = []
+        self._stop = False
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> BlackHole:
+        import threading
+
+        threading.Thread(target=self._serve, daemon=True).start()
+        return self
+
+    def _serve(self) -> None:
+        self.sock.settimeout(0.2)
+        while not self._stop:
+            with contextlib.suppress(OSError):
+                conn, _ = self.sock.accept()
+                self.conns.append(conn)  # kept open, never read back to
+
+    def close(self) -> None:
+        self._stop = True
+        for conn in self.conns:
+            conn.close()
+        self.sock.close()
