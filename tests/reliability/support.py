@@ -95,11 +95,17 @@ def pg_bin(name: str) -> str:
 
 
 class PgCluster:
-    """A throwaway Postgres cluster (initdb + pg_ctl as user postgres) that a test may stop and start."""
+    """A throwaway Postgres cluster (initdb + pg_ctl as user postgres) that a test may stop and start.
 
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.data = base / "pgdata"
+    Its folder is made under /tmp (pytest's temporary folders are private to root, and the server
+    runs as postgres); ``remove()`` deletes it.
+    """
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.base = Path(tempfile.mkdtemp(prefix="tunebox-pg-"))
+        self.data = self.base / "pgdata"
         self.port = free_port()
 
     @property
@@ -113,7 +119,6 @@ class PgCluster:
         subprocess.run(cmd, check=True, capture_output=True, timeout=60)
 
     def init(self) -> PgCluster:
-        self.base.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.base, "postgres", "postgres")
         self._as_postgres(pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres")
@@ -128,6 +133,10 @@ class PgCluster:
     def stop(self, mode: str = "fast") -> None:
         with contextlib.suppress(subprocess.CalledProcessError):
             self._as_postgres(pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def remove(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.base, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- stacks
