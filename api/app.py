@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.auth.service import TokenCache
 from api.datasets.router import router as datasets_router
 from api.db import THREADS, open_database
-from api.errors import install_handlers
+from api.errors import document_problems, install_handlers
 from api.gpus.router import router as gpus_router
 from api.jobs.router import router as jobs_router
 from api.jobs.service import Enqueue
@@ -71,6 +71,7 @@ def create_app(
     state.stream_timing = stream_timing or StreamTiming()
     state.metrics = ApiMetrics(lambda: _job_counts(db.reads))
     install_handlers(app)
+    document_problems(app)
     for router in (ops_router, plans_router, jobs_router, datasets_router, gpus_router):
         app.include_router(router)
     # added last = outermost: the limit applies before anything reads the body

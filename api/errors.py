@@ -238,3 +238,50 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)
+
+
+# --------------------------------------------------------------------------- OpenAPI
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "Problem",
+    "description": "RFC 9457 problem details.",
+    "required": ["type", "title", "status", "detail", "instance", "errors"],
+    "properties": {
+        "type": {"type": "string", "format": "uri"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "instance": {"type": "string"},
+        "errors": {"type": "array", "items": {
+            "type": "object", "required": ["field", "message"],
+            "properties": {"field": {"type": "string", "description": "Dotted path, e.g. training.seq_len"},
+                           "message": {"type": "string"}, "row": {"type": "integer"}}}},
+    },
+    "additionalProperties": True,
+}
+
+
+def document_problems(app: FastAPI) -> None:
+    """Describe every 4xx/5xx response in the OpenAPI document as problem+json (FastAPI's default
+    422 schema is not what the API sends)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = build()
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        schemas["Problem"] = PROBLEM_SCHEMA
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                for code, response in operation.get("responses", {}).items():
+                    if str(code)[0] in "45":
+                        response["content"] = problem
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

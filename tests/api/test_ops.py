@@ -47,7 +47,12 @@ def test_prometheus_metrics(env: Env) -> None:
 
 
 def test_openapi_lists_the_surface(env: Env) -> None:
-    paths = env.client.get("/openapi.json").json()["paths"]
+    document = env.client.get("/openapi.json").json()
+    paths = document["paths"]
+    assert "Problem" in document["components"]["schemas"]
+    errors = [r for ops in paths.values() for op in ops.values() for code, r in op["responses"].items()
+              if code[0] in "45"]
+    assert errors and all(list(r["content"]) == ["application/problem+json"] for r in errors)
     for path in ("/v1/plans", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
                  "/v1/jobs/{job_id}/events", "/v1/jobs/{job_id}/metrics", "/v1/jobs/{job_id}/checkpoints",
                  "/v1/gpus", "/v1/datasets", "/healthz", "/readyz", "/metrics"):
