@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -85,3 +86,50 @@ def test_retry_after_the_api_died_between_commit_and_response_returns_the_same_j
         e.message for e in events(stack.db_url, job_id, "reconcile")]
     with session_scope(stack.db_url) as s:
         assert s.scalar(select(func.count()).select_from(Job).where(Job.name == name)) == 1
+
+
+def _claim_state(db_url: str, key: str) -> str | None:
+    from store.models import IdempotencyKey
+
+    with session_scope(db_url) as s:
+        return s.scalar(select(IdempotencyKey.state).where(IdempotencyKey.key == key))
+
+
+def test_retry_after_the_api_died_before_the_commit_makes_the_job_once(fake_stack: Stack) -> None:
+    """Killed after its claim on the key was committed but before the job was: the key is not stuck."""
+    from sqlalchemy import create_engine, text
+
+    stack = fake_stack
+    name, key = f"fake:ok-{secrets.token_hex(3)}", f"key-{secrets.token_hex(8)}"
+    body = {**lora_spec("fake:ok", max_steps=3, save_steps=5), "name": name}
+    api = ApiServer(stack.env(), stack.logs / "api-killed-before-commit.log").start()
+    first: dict[str, Any] = {}
+    sender = threading.Thread(target=_post, args=(api.base_url, api.token, key, body, first))
+    blocker = create_engine(stack.db_url).connect()
+    try:
+        blocker.begin()
+        blocker.execute(text("LOCK TABLE jobs IN SHARE MODE"))  # the job's INSERT waits; reads do not
+        sender.start()
+        wait_for(lambda: _claim_state(stack.db_url, key) == "in_flight", 30, "the committed claim")
+        time.sleep(0.5)
+        assert sender.is_alive() and not first and not _rows_named(stack.db_url, name)
+        assert api.proc is not None
+        api.proc.kill()
+        api.proc.wait()
+    finally:
+        blocker.rollback()
+        blocker.close()
+    sender.join(30)
+    assert "error" in first
+
+    restarted = ApiServer(stack.env(), stack.logs / "api-restarted-2.log").start()
+    try:
+        retry = httpx.post(f"{restarted.base_url}/v1/jobs", json=body, timeout=30,
+                           headers={"Authorization": f"Bearer {api.token}", "Idempotency-Key": key})
+        replay = httpx.post(f"{restarted.base_url}/v1/jobs", json=body, timeout=30,
+                            headers={"Authorization": f"Bearer {api.token}", "Idempotency-Key": key})
+    finally:
+        restarted.stop()
+    assert retry.status_code == 201, retry.text
+    assert replay.status_code == 201 and replay.json()["id"] == retry.json()["id"]
+    assert _rows_named(stack.db_url, name) == [retry.json()["id"]]
