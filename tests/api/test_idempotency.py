@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 from sqlalchemy import select
 
 from api.jobs.idempotency import fingerprint
 from planner.spec import JobSpec
+from store.base import utcnow
 from store.db import session_scope
 from store.models import IdempotencyKey, Job, User
 from tests.api.conftest import Env, job_spec
@@ -67,3 +69,40 @@ def test_concurrent_same_key_makes_one_job(pg_env: Env) -> None:
     assert pg_env.count(Job) == 1
     ids = {r.json()["id"] for r in results if r.status_code == 201}
     assert len(ids) == 1
+
+
+def _claim(env: Env, key: str, age: timedelta) -> None:
+    """A committed, unfinished claim of ``key`` by alice, as a request that died would leave it."""
+    spec = JobSpec.model_validate(job_spec())
+    with session_scope(env.url) as session:
+        user_id = session.scalar(select(User.id).where(User.name == "alice"))
+        digest = fingerprint(spec.model_dump(mode="json", exclude_unset=True))
+        session.add(IdempotencyKey(user_id=user_id, key=key, state="in_flight", request_hash=digest,
+                                   created_at=utcnow() - age))
+
+
+def test_claim_of_a_dead_request_is_taken_over(env: Env) -> None:
+    # on Postgres nobody holds the claim's lock: taken over at once; on SQLite after a while
+    _claim(env, "orphan", timedelta(minutes=10) if env.url.startswith("sqlite") else timedelta(seconds=5))
+    first = _post(env, "orphan")
+    assert first.status_code == 201, first.text
+    again = _post(env, "orphan")
+    assert again.status_code == 201 and again.json()["id"] == first.json()["id"]
+    assert env.count(Job) == 1
+
+
+def test_claim_held_by_a_live_request_is_409_even_when_old(pg_env: Env) -> None:
+    from sqlalchemy import create_engine
+
+    _claim(pg_env, "live", timedelta(seconds=30))
+    engine = create_engine(pg_env.url)
+    try:
+        with engine.connect() as holder:
+            holder.begin()
+            holder.execute(select(IdempotencyKey.key).where(IdempotencyKey.key == "live").with_for_update())
+            res = _post(pg_env, "live")
+            assert res.status_code == 409, res.text
+        assert _post(pg_env, "live").status_code == 201  # the holder is gone: taken over
+    finally:
+        engine.dispose()
+    assert pg_env.count(Job) == 1
