@@ -40,7 +40,7 @@ def estimate_eval(
     )
     logits = batch_size * arch.vocab_size * 4 * 2  # fp32 scores and their processed copy
     allocated = weights + kv + prefill + logits
-    total = allocated * (1 + C.ALLOCATOR_SLACK_FRACTION) + C.CUDA_CONTEXT_BYTES
+    total = allocated * (1 + C.EVAL_ALLOCATOR_SLACK_FRACTION) + C.CUDA_CONTEXT_BYTES
     return EvalMemory(
         weights_bytes=int(weights),
         kv_cache_bytes=int(kv),

@@ -431,7 +431,7 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     forward_backward = resident + gathered + max(at_loss, _at_head_backward(facts, s, w, acts), in_backward)
     step = resident + grads.step + bufs.step
     allocated = max(forward_backward, step)
-    slack = _allocator_slack(allocated, w * _largest_trainable(facts))
+    slack = _allocator_slack(facts, s, w)
     context = C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0)
     host, nvme = _host(facts, s, w)
     return MemoryEstimate(
@@ -465,11 +465,24 @@ def _at_head_backward(facts: ModelFacts, s: Setup, w: int, acts: ActivationEstim
     return acts.kept_at_loss_bytes + logits_grads + head
 
 
-def _allocator_slack(allocated: float, largest_gradient: float) -> float:
-    """Reserved minus allocated at the reserved peak: a share of the peak, a fixed part, and the
-    cached segments left by the largest gradient's blocks (see constants.py)."""
+def _allocator_slack(facts: ModelFacts, s: Setup, w: int) -> float:
+    """Reserved minus allocated at the reserved peak: the allocator's fixed part, the cached
+    gradient-sized blocks of the largest trainable tensor, and ZeRO-1/2's freed reduce buckets
+    when the step cannot reuse them (see constants.py)."""
     return (
-        C.ALLOCATOR_SLACK_FRACTION * allocated
-        + C.ALLOCATOR_SLACK_BYTES
-        + C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS * largest_gradient
+        C.ALLOCATOR_SLACK_BYTES
+        + C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS * _FP32 * _largest_trainable(facts)
+        + _stranded_buckets(facts, s, w)
     )
+
+
+def _stranded_buckets(facts: ModelFacts, s: Setup, w: int) -> float:
+    """ZeRO-1/2's ipg buckets, freed by a GPU optimizer step that needs larger blocks (its flat
+    bf16 partition and fp32 copy): they stay in the cache beside the step's peak."""
+    k = s.knobs
+    if s.zero_stage not in (1, 2) or s.offload_optimizer != "none" or not k.contiguous_gradients:
+        return 0.0
+    bucket = k.reduce_bucket_size * w
+    if w * facts.trainable_parameters / s.num_gpus <= bucket:
+        return 0.0
+    return float((2 if k.overlap_comm else 1) * bucket)
