@@ -17,13 +17,19 @@ from planner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "nvidia-h200-x2-2026-11-30.jsonl"
+HELDOUT = ROOT / "bench" / "results" / "nvidia-h200-x2-2026-11-30-heldout.jsonl"
 
 
-def _records() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in RESULTS.read_text().splitlines() if line.strip()]
+def _records(*paths: Path) -> list[dict[str, Any]]:
+    lines = [line for path in paths or (RESULTS,) for line in path.read_text().splitlines()]
+    return [json.loads(line) for line in lines if line.strip()]
 
 
-@pytest.mark.parametrize("record", _records(), ids=lambda r: r["case"])
+def _ran(*paths: Path) -> list[dict[str, Any]]:
+    return [r for r in _records(*paths) if r["status"] == "ok"]
+
+
+@pytest.mark.parametrize("record", _ran(RESULTS, HELDOUT), ids=lambda r: r["case"])
 def test_phase_peaks_match_torch_allocated(record: dict[str, Any]) -> None:
     g = plan(record["spec"]).per_gpu
     peaks = record["measured"]["phase_peaks"]
