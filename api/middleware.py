@@ -25,6 +25,8 @@ class BodyLimitMiddleware:
     A declared Content-Length over the limit is refused before reading; a body that streams past
     the limit (chunked, or a lying Content-Length) fails at the read that crosses it. The error is a
     Starlette HTTPException so FastAPI's body parser re-raises it instead of calling it a 400.
+    A compressed body (``Content-Encoding`` other than identity) is refused with 415 before reading:
+    nothing here decompresses, so a gzip bomb never expands, and the client learns why at once.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -34,6 +36,10 @@ class BodyLimitMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        encoding = _header(scope, b"content-encoding")
+        if encoding is not None and encoding.strip().lower() not in (b"", b"identity"):
+            await _send_415(scope, send, encoding.decode("latin-1"))
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
@@ -54,23 +60,41 @@ class BodyLimitMiddleware:
         await self.app(scope, limited, send)
 
 
-def _content_length(scope: Scope) -> int | None:
+def _header(scope: Scope, wanted: bytes) -> bytes | None:
     for name, value in scope.get("headers", []):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
+        if name == wanted:
+            return bytes(value)
     return None
+
+
+def _content_length(scope: Scope) -> int | None:
+    value = _header(scope, b"content-length")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 async def _send_413(scope: Scope, send: Send, limit: int) -> None:
     body = problem_body(status=413, slug="body-too-large", title="Request body too large",
                         detail=_too_large(limit), instance=scope.get("path", ""))
+    await _send_problem(send, body, [])
+
+
+async def _send_415(scope: Scope, send: Send, encoding: str) -> None:
+    detail = f"Content-Encoding {encoding[:40]!r} is not accepted: send the body uncompressed"
+    body = problem_body(status=415, slug="unsupported-media-type", title="Unsupported media type",
+                        detail=detail, instance=scope.get("path", ""),
+                        errors=[{"field": "Content-Encoding", "message": "only identity is accepted"}])
+    await _send_problem(send, body, [(b"accept-encoding", b"identity")])  # RFC 7694
+
+
+async def _send_problem(send: Send, body: dict[str, object], headers: list[tuple[bytes, bytes]]) -> None:
     raw = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": 413,
+    await send({"type": "http.response.start", "status": body["status"],
                 "headers": [(b"content-type", PROBLEM_MEDIA_TYPE.encode()),
-                            (b"content-length", str(len(raw)).encode()), (b"connection", b"close")]})
+                            (b"content-length", str(len(raw)).encode()), (b"connection", b"close"),
+                            *headers]})
     await send({"type": "http.response.body", "body": raw})
 
 
