@@ -30,6 +30,7 @@ class Principal:
     is_admin: bool
     token_id: str
     max_queued_jobs: int | None = None
+    max_gpus: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,17 +89,18 @@ def revoke_token(session: Session, prefix_or_id: str) -> ApiToken:
 def lookup(session: Session, token: str) -> Principal | None:
     """The live token's user, or None. Marks the token used (at most once a minute, to spare writes)."""
     row = session.execute(
-        select(ApiToken.id, ApiToken.last_used_at, User.id, User.name, User.is_admin, User.max_queued_jobs)
+        select(ApiToken.id, ApiToken.last_used_at, User.id, User.name, User.is_admin, User.max_queued_jobs,
+               User.max_gpus)
         .join(User, User.id == ApiToken.user_id)
         .where(ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None))
     ).first()
     if row is None:
         return None
-    token_id, last_used, user_id, name, is_admin, max_queued = row
+    token_id, last_used, user_id, name, is_admin, max_queued, max_gpus = row
     now = utcnow()
     if last_used is None or now - last_used > LAST_USED_RESOLUTION:
         session.execute(update(ApiToken).where(ApiToken.id == token_id).values(last_used_at=now))
-    return Principal(user_id, name, is_admin, token_id, max_queued)
+    return Principal(user_id, name, is_admin, token_id, max_queued, max_gpus)
 
 
 class TokenCache:

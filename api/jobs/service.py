@@ -159,6 +159,39 @@ def _count_rows(path: Path, declared: str, settings: Settings) -> int:
     return info.num_rows
 
 
+def _check_gpu_limit(user: Principal, settings: Settings, num_gpus: int) -> None:
+    """A job needing more GPUs than its owner may hold at once could never start: refuse it now."""
+    limit = user.max_gpus or settings.max_gpus_per_user
+    if num_gpus > limit:
+        raise InvalidInput(f"the job needs {num_gpus} GPUs; {user.name} may hold at most {limit} at once",
+                           errors=[FieldError("resources.num_gpus", f"more than the limit of {limit} GPUs")])
+
+
+def _box_nvme_folder(spec: JobSpec, settings: Settings) -> JobSpec:
+    """A job's NVMe offload swaps to the folder of the box that runs it, whatever its what-if says."""
+    if spec.hardware is None or spec.hardware.nvme_path is not None or settings.nvme_path is None:
+        return spec
+    hardware = spec.hardware.model_copy(update={"nvme_path": str(settings.nvme_path)})
+    return spec.model_copy(update={"hardware": hardware})
+
+
+def _check_nvme_paths(plan_json: dict[str, Any], spec: JobSpec, settings: Settings) -> None:
+    """NVMe offload writes its swap files where the plan says: only under the box's ``nvme_path``."""
+    zero = (plan_json.get("deepspeed_config") or {}).get("zero_optimization") or {}
+    roots = [settings.nvme_path] if settings.nvme_path else []
+    for target in ("offload_optimizer", "offload_param"):
+        block = zero.get(target) or {}
+        if block.get("device") != "nvme":
+            continue
+        if (spec.resources.deepspeed.get(target) or {}).get("nvme_path"):
+            field = f"resources.deepspeed.{target}.nvme_path"
+        elif spec.hardware is not None and spec.hardware.nvme_path:
+            field = "hardware.nvme_path"
+        else:
+            field = f"resources.{target}"
+        confine(str(block.get("nvme_path") or ""), roots, field)
+
+
 def _refuse_unfit(plan: Plan) -> None:
     body = plan.model_dump(mode="json")
     per_gpu, host = body.get("per_gpu", {}), body.get("host", {})
@@ -174,10 +207,13 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     _check_queue_limit(session, user, settings)
     spec = resolve_model(spec, settings, required=True)
     spec, dataset_id = _resolve_dataset(session, spec, settings, user)
+    spec = _box_nvme_folder(spec, settings)
     plan = make_plan(spec, hardware_for(spec, session, settings))
     if not plan.fits:
         _refuse_unfit(plan)
+    _check_gpu_limit(user, settings, plan.num_gpus)
     plan_json = plan.model_dump(mode="json")
+    _check_nvme_paths(plan_json, spec, settings)
     job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, status=JobStatus.QUEUED,
               priority=spec.priority, spec=spec.model_dump(mode="json"), plan=plan_json,
               dataset_id=dataset_id, num_gpus=plan.num_gpus, celery_task_id=str(uuid.uuid4()),
