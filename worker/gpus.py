@@ -216,7 +216,8 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
         raise NoGpuError("no healthy GPU on this box; on a machine without GPUs set TUNEBOX_GPU_COUNT "
                          "and TUNEBOX_GPU_MEMORY_BYTES to let the CPU stand in")
     return HardwareSpec(gpu_count=count, gpu_memory_bytes=memory,
-                        host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes)
+                        host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes,
+                        nvme_path=str(settings.nvme_path) if settings.nvme_path else None)
 
 
 def _table_box(session: Session) -> tuple[int, int]:
