@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections.abc import Iterable, Sequence
@@ -26,6 +27,9 @@ if __package__ in (None, ""):  # run as a script: make ``planner`` importable
 
 from planner import Plan, PlanError, plan  # noqa: E402
 from planner import constants as C  # noqa: E402
+from planner.core import prepare  # noqa: E402
+from planner.setup import Setup  # noqa: E402
+from planner.speed import SpeedConstants, StepTerms, step_seconds, step_terms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -343,6 +347,143 @@ def cross_validation(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
+# --- step time: refit and cross-validation ------------------------------------------------------
+
+_SPEED_FIELDS = (
+    "mfu",
+    "layer_pass_s",
+    "zero3_module_pass_s",
+    "zero3_collective_pass_s",
+    "gpu_optimizer_s_per_param",
+    "cpu_optimizer_s_per_param_zero3",
+    "cpu_optimizer_s_per_param_zero12",
+)
+
+
+@dataclass(frozen=True)
+class SpeedCase:
+    case: str
+    source: str
+    terms: StepTerms
+    measured: float
+
+
+def _record_setup(spec: dict[str, Any]) -> tuple[Any, Setup]:
+    p = prepare(spec)
+    t, r = p.spec.training, p.spec.resources
+    s = Setup(
+        p.spec.method.value,
+        int(r.num_gpus),  # type: ignore[arg-type]
+        int(r.zero_stage),  # type: ignore[arg-type]
+        r.offload_optimizer,  # type: ignore[arg-type]
+        r.offload_param,  # type: ignore[arg-type]
+        int(t.micro_batch_size),  # type: ignore[arg-type]
+        t.gradient_accumulation_steps,
+        t.seq_len,
+        bool(t.gradient_checkpointing),
+        t.precision.value,
+        t.optimizer.value,
+        "sdpa",
+        p.pinned.knobs,
+    )
+    return p, s
+
+
+def speed_cases(rows: Sequence[Row]) -> list[SpeedCase]:
+    out = []
+    for row in rows:
+        measured = row.measured("step_seconds")
+        if row.status != "ok" or row.plan is None or measured is None:
+            continue
+        p, s = _record_setup(row.record["spec"])
+        out.append(SpeedCase(row.case, row.source, step_terms(p.facts, s, p.rates), measured))
+    return out
+
+
+def _speed_loss(x: Sequence[float], cases: Sequence[SpeedCase]) -> float:
+    k = SpeedConstants(*(math.exp(v) for v in x))
+    return sum(math.log(step_seconds(c.terms, k) / c.measured) ** 2 for c in cases)
+
+
+def _nelder_mead(f: Any, x0: list[float], iters: int) -> list[float]:
+    n = len(x0)
+    pts = [list(x0)] + [[v + (0.5 if i == j else 0.0) for j, v in enumerate(x0)] for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = sorted(range(n + 1), key=vals.__getitem__)
+        pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+        if vals[-1] - vals[0] < 1e-10:
+            break
+        cen = [sum(p[j] for p in pts[:-1]) / n for j in range(n)]
+        worst = pts[-1]
+        xr = [2 * c - w for c, w in zip(cen, worst, strict=True)]
+        fr = f(xr)
+        if fr < vals[0]:
+            xe = [3 * c - 2 * w for c, w in zip(cen, worst, strict=True)]
+            fe = f(xe)
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            xc = [(c + w) / 2 for c, w in zip(cen, worst, strict=True)]
+            fc = f(xc)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = xc, fc
+            else:  # shrink towards the best point
+                pts = [pts[0]] + [[(a + b) / 2 for a, b in zip(pts[0], p, strict=True)] for p in pts[1:]]
+                vals = [vals[0]] + [f(p) for p in pts[1:]]
+    return pts[min(range(n + 1), key=vals.__getitem__)]
+
+
+def fit_speed(cases: Sequence[SpeedCase]) -> SpeedConstants:
+    """The step-time constants minimising the squared log error (Nelder-Mead in log space, so
+    every constant stays positive), started from planner/constants.py and restarted twice."""
+    x = [math.log(getattr(SpeedConstants(), name)) for name in _SPEED_FIELDS]
+    for _ in range(3):
+        x = _nelder_mead(lambda v: _speed_loss(v, cases), x, 1500)
+    return SpeedConstants(*(math.exp(v) for v in x))
+
+
+def _speed_error(c: SpeedCase, k: SpeedConstants) -> float:
+    return step_seconds(c.terms, k) / c.measured - 1
+
+
+def speed_cross_validation(rows: Sequence[Row]) -> list[str]:
+    """In-sample, leave-one-out and two-fold step-time errors of the speed constants' refit."""
+    cases = speed_cases(rows)
+    if len(cases) < 8:
+        return ["- too few records to cross-validate"]
+    fitted = fit_speed(cases)
+    in_sample = [_speed_error(c, fitted) for c in cases]
+    loo = [_speed_error(c, fit_speed(cases[:i] + cases[i + 1 :])) for i, c in enumerate(cases)]
+    folds = [
+        [c for c in cases if c.source == C.CALIBRATION_RESULTS[0]],
+        [c for c in cases if c.source != C.CALIBRATION_RESULTS[0]],
+    ]
+    two_fold: list[float] = []
+    if all(folds):
+        for train, test in ((folds[0], folds[1]), (folds[1], folds[0])):
+            k = fit_speed(train)
+            two_fold += [_speed_error(c, k) for c in test]
+    current = SpeedConstants()
+    refit = ", ".join(f"{n} {getattr(fitted, n):.3g} ({getattr(current, n):.3g})" for n in _SPEED_FIELDS)
+    lines = [
+        f"- refit on all records (planner/constants.py in brackets): {refit}",
+        f"- step time, planner/constants.py: {_stats([_speed_error(c, current) for c in cases])}",
+        f"- step time, in-sample refit: {_stats(in_sample)}",
+        f"- step time, leave-one-out (each record predicted by the others' fit): {_stats(loo)}",
+    ]
+    if two_fold:
+        lines.append(
+            f"- step time, two-fold (fitted on one results file, tested on the other): {_stats(two_fold)}"
+        )
+    worst = sorted(zip(loo, cases, strict=True), key=lambda ec: -abs(ec[0]))[:4]
+    lines.append(
+        "- largest leave-one-out errors: " + ", ".join(f"{c.case} {e * 100:+.0f}%" for e, c in worst)
+    )
+    return lines
+
+
 def _environment(records: Sequence[dict[str, Any]]) -> list[str]:
     envs = {json.dumps(r.get("env") or {}, sort_keys=True) for r in records}
     lines = []
@@ -413,6 +554,14 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         "arithmetic on the model and DeepSpeed's buffers. Each record is predicted once by constants "
         "fitted on all records and once by constants fitted without it:",
         *cross_validation(rows),
+        "",
+        "## Cross-validation of the step-time fit",
+        "A micro-step is the longer of the GPU clock (FLOPs / (rate x MFU)) and the host clock "
+        "(per-layer and ZeRO-3 per-module costs, per-module collective latency over several GPUs); "
+        "the optimizer step adds per-parameter GPU or CPU time and the PCIe/NVLink bytes "
+        "(planner/speed.py). Seven constants are fitted; each record is predicted once by constants "
+        "fitted on all records and once by constants fitted without it:",
+        *speed_cross_validation(rows),
         "",
         "## Calibration of the named constants",
         *calibration(rows),

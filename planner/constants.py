@@ -53,21 +53,34 @@ HOST_SAFETY_FRACTION = 0.10
 # --- speed -----------------------------------------------------------------------------------------
 #: Dense bf16 tensor-core rate of an H200 used when the hardware spec gives none (FLOP/s).
 DEFAULT_GPU_FLOPS = 790e12
-#: Model FLOPs utilisation of the matmuls. The step-time constants below were fitted together
-#: (non-negative least squares on relative error) on the 15 cases of
-#: bench/results/nvidia-h200-x2-2026-11-30.jsonl with MFU held at 0.4: small models there are
-#: dominated by per-layer and per-module costs, so the rate itself is not identifiable from them.
-MFU = 0.40
+#: The step-time constants below were fitted together on all 25 step times of bench/results
+#: (Nelder-Mead on the squared log error; bench/accuracy.py refits them and reports leave-one-out
+#: and two-fold errors). A micro-step is max(GPU clock, host clock): see planner/speed.py.
+#: Model FLOPs utilisation of the matmuls (the GPU clock: FLOPs / (rate x MFU)).
+MFU = 0.36
 #: The smallest matmul dimension at which matmuls reach half of MFU. 0: on the H200 data a
-#: size-dependent efficiency was not separable from the per-layer overhead, which absorbs it.
+#: size-dependent efficiency was not separable from the host clock, which bounds small shapes.
 MATMUL_HALF_EFFICIENCY_DIM = 0
-#: Cost of one decoder layer in one pass (forward, backward or recomputation) on top of its
-#: FLOPs: kernel launches, HF's Python, checkpointing's bookkeeping (fit: 2.4 ms).
-LAYER_PASS_OVERHEAD_S = 2.4e-3
-#: ZeRO-3's fetch/release hooks, per module (every nn.Module of a layer, LoRA's adapters and
-#: their ModuleDicts included) per pass (fit: 0.30 ms; LoRA under ZeRO-3 is slower than full
-#: fine-tuning of the same model because peft triples the modules).
-ZERO3_MODULE_PASS_OVERHEAD_S = 0.30e-3
+#: Host clock: one decoder layer in one pass (forward, backward or recomputation): kernel
+#: launches, HF's Python, checkpointing's bookkeeping. It overlaps the GPU's work, so it sets the
+#: pace of small models only (a 7B LoRA step is FLOP-bound).
+LAYER_PASS_OVERHEAD_S = 3.1e-3
+#: Host clock: ZeRO-3's fetch/release hooks, per module (every nn.Module of a layer, LoRA's
+#: adapters and their ModuleDicts included) per pass. LoRA under ZeRO-3 is slower than full
+#: fine-tuning of the same model because peft triples the modules.
+ZERO3_MODULE_PASS_OVERHEAD_S = 0.37e-3
+#: Host clock, ZeRO-3 over several GPUs: each module's all-gather (and reduce-scatter) is a
+#: separate NCCL launch the hook waits on; on NVLink its latency, not its bytes, is the cost
+#: (0.5B on two H200s: 0.74 s against 0.51 s on one).
+ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.20e-3
+#: GPU optimizer step per parameter a GPU updates (DeepSpeed's bf16 optimizer: fp32 master,
+#: gradient clipping, the fused AdamW, the copy back to bf16).
+GPU_OPTIMIZER_SECONDS_PER_PARAM = 3.3e-11
+#: Optimizer offload: CPU seconds per parameter a rank updates (the DeepSpeedCPUAdam update and
+#: DeepSpeed's bookkeeping; the PCIe terms come on top). ZeRO-3's offload path moves gradients
+#: parameter by parameter and costs several times ZeRO-1/2's flat-buffer path.
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.79e-9
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.27e-9
 #: Effective host<->GPU copy rate of pinned memory over PCIe Gen5 x16 (bytes/s).
 PCIE_BYTES_PER_S = 25e9
 #: Effective NVLink collective (bus) bandwidth between the GPUs of one H200 box (bytes/s).
@@ -78,8 +91,6 @@ NVLINK_BYTES_PER_S = 300e9
 CPU_OPTIMIZER_PARAMS_PER_S = 1.43e9
 #: Sequential NVMe throughput per GPU for ZeRO-Infinity swaps (bytes/s).
 NVME_BYTES_PER_S = 3e9
-#: GPU HBM bandwidth reachable by the fused optimizer step (bytes/s).
-HBM_BYTES_PER_S = 3.0e12
 #: QLoRA: bitsandbytes dequantises every 4-bit weight in each pass; matmul time is multiplied.
 QLORA_MATMUL_SLOWDOWN = 1.35
 

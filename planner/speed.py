@@ -3,8 +3,17 @@
 Per token, a forward pass costs 2 FLOPs per weight in a matmul (LM head included, the embedding
 lookup not) plus causal attention, 2·seq·q_dim per layer; backward costs twice that for full
 fine-tuning and once for frozen weights (LoRA computes input gradients only); recomputation under
-gradient checkpointing adds one more forward. Offload adds PCIe traffic and CPU optimizer time;
-ZeRO adds collectives over NVLink, overlapped with compute when ``overlap_comm`` is on.
+gradient checkpointing adds one more forward.
+
+A micro-step takes the longer of two clocks: the GPU's (FLOPs at the GPU's rate × MFU) and the
+host's (Python, kernel launches and ZeRO-3's fetch/release hooks per module, plus the
+all-gather/reduce-scatter synchronisation of each module when ZeRO-3 spans several GPUs). The host
+queues kernels ahead of the GPU, so the two overlap: a small model is bound by the host, a large
+one by its FLOPs. Offload adds PCIe traffic and CPU optimizer time; ZeRO adds collectives over
+NVLink, overlapped with compute when ``overlap_comm`` is on.
+
+``step_terms`` reduces a configuration to the quantities the constants multiply, so
+``bench/accuracy.py`` can refit and cross-validate the constants without re-planning.
 """
 
 from __future__ import annotations
@@ -16,7 +25,15 @@ from planner import constants as C
 from planner.memory import ModelFacts, moment_bytes_per_param, weight_bytes
 from planner.setup import Setup
 
-__all__ = ["GpuRates", "SpeedEstimate", "estimate_speed"]
+__all__ = [
+    "GpuRates",
+    "SpeedConstants",
+    "SpeedEstimate",
+    "StepTerms",
+    "estimate_speed",
+    "step_seconds",
+    "step_terms",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +46,44 @@ class GpuRates:
 class SpeedEstimate:
     step_seconds: float
     tokens_per_second: float  # all GPUs together
-    compute_seconds: float  # GPU math per step
+    compute_seconds: float  # GPU math (or the host, where it is slower) per step
     communication_seconds: float  # collectives per step
     offload_seconds: float  # PCIe, CPU optimizer and NVMe per step
     flops_per_step: float  # per GPU
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedConstants:
+    """The fitted step-time constants (planner/constants.py holds the values in use)."""
+
+    mfu: float = C.MFU
+    layer_pass_s: float = C.LAYER_PASS_OVERHEAD_S
+    zero3_module_pass_s: float = C.ZERO3_MODULE_PASS_OVERHEAD_S
+    zero3_collective_pass_s: float = C.ZERO3_COLLECTIVE_PASS_OVERHEAD_S
+    gpu_optimizer_s_per_param: float = C.GPU_OPTIMIZER_SECONDS_PER_PARAM
+    cpu_optimizer_s_per_param_zero3: float = C.CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3
+    cpu_optimizer_s_per_param_zero12: float = C.CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12
+
+
+@dataclass(frozen=True, slots=True)
+class StepTerms:
+    """One configuration's step as the quantities the constants multiply."""
+
+    accumulation: int
+    gpu_seconds_at_full_rate: float  # one micro-step's FLOPs at 100% of the GPU's rate
+    layer_passes: int  # decoder layers × passes, one micro-step
+    zero3_module_passes: int  # hooked modules × passes, one micro-step (0 without ZeRO-3)
+    zero3_collective_passes: int  # the same, when ZeRO-3 spans several GPUs
+    micro_comm_seconds: float  # collectives of one micro-step
+    micro_offload_seconds: float  # PCIe/NVMe traffic of one micro-step
+    overlap: bool  # collectives and offload traffic hide behind compute
+    gpu_optimizer_params: float  # parameters one GPU updates on the GPU
+    cpu_optimizer_params: float  # parameters one rank updates on the CPU
+    cpu_optimizer_zero3: bool  # that CPU step runs through ZeRO-3's offload path
+    step_offload_seconds: float  # PCIe and NVMe traffic of the optimizer step
+    step_comm_seconds: float  # collectives at the accumulation boundary
+    flops_per_micro: float  # per GPU
+    tokens_per_step: int  # all GPUs together
 
 
 def _flops_per_token(facts: ModelFacts, s: Setup) -> tuple[float, float]:
@@ -53,30 +104,25 @@ def _flops(facts: ModelFacts, seq_len: int, attn_implementation: str, method: st
     return forward, backward
 
 
-def _mfu(facts: ModelFacts, s: Setup) -> float:
+def _mfu_scale(facts: ModelFacts, s: Setup) -> float:
     # A matmul is as efficient as its smallest dimension allows: few tokens per micro-batch or a
     # narrow model leave the tensor cores waiting on memory.
     dim = min(s.tokens_per_micro_batch, facts.arch.hidden_size)
-    return C.MFU * dim / (dim + C.MATMUL_HALF_EFFICIENCY_DIM) if dim > 0 else C.MFU
+    return dim / (dim + C.MATMUL_HALF_EFFICIENCY_DIM) if dim > 0 else 1.0
 
 
-def _micro_compute(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, float]:
+def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, float]:
+    """(seconds at 100% of the rate, FLOPs) of one micro-step."""
     fwd, bwd = _flops_per_token(facts, s)
-    passes = 3 if s.gradient_checkpointing else 2
     flops = (fwd * (2 if s.gradient_checkpointing else 1) + bwd) * s.tokens_per_micro_batch
     slowdown = 1.0
     if s.method == "qlora":
         matmul_share = 2.0 * facts.arch.matmul_params / fwd
         slowdown = 1 + (C.QLORA_MATMUL_SLOWDOWN - 1) * matmul_share
-    seconds = flops * slowdown / (rates.flops * _mfu(facts, s))
-    # Measured on the H200 these host-side costs add to the GPU time rather than hide behind it.
-    launch = passes * facts.arch.num_layers * C.LAYER_PASS_OVERHEAD_S
-    hooks = 0.0
-    if s.zero_stage == 3:
-        hooks = passes * facts.arch.num_layers * _modules_per_layer(facts) * C.ZERO3_MODULE_PASS_OVERHEAD_S
-    return seconds + launch + hooks, flops
+    return flops * slowdown / (rates.flops * _mfu_scale(facts, s)), flops
 
 
+@lru_cache(maxsize=256)
 def _modules_per_layer(facts: ModelFacts) -> int:
     """nn.Modules of one decoder layer that ZeRO-3 hooks: its linears, the layer, attention, MLP,
     activation and two norms; peft adds six per adapted linear (lora_A/lora_B/lora_dropout
@@ -93,6 +139,7 @@ def _micro_comm(facts: ModelFacts, s: Setup, w: int) -> float:
     t, p = facts.trainable_parameters, facts.total_parameters
     passes = 3 if s.gradient_checkpointing else 2
     if s.zero_stage == 3:
+        # all-gather of the weights in every pass, reduce-scatter of the gradients
         return (passes * w * p + w * t) * ring / C.NVLINK_BYTES_PER_S
     if s.zero_stage == 2:
         return w * t * ring / C.NVLINK_BYTES_PER_S  # reduce-scatter every micro-step
@@ -111,12 +158,11 @@ def _step_comm(facts: ModelFacts, s: Setup, w: int) -> float:
 
 
 def _offload(facts: ModelFacts, s: Setup, rates: GpuRates, w: int) -> tuple[float, float]:
-    """(per micro-step, per optimizer step) seconds of offload traffic and CPU work."""
+    """(per micro-step, per optimizer step) seconds of offload traffic, CPU work excluded."""
     n = s.num_gpus
     part = facts.trainable_parameters / (1 if s.zero_stage == 0 else n)
     micro = step = 0.0
     if s.offload_optimizer != "none":
-        step += part / C.CPU_OPTIMIZER_PARAMS_PER_S
         step += 2 * w * part / rates.pcie_bytes_per_s  # gradients down, updated weights up
         if s.zero_stage < 3 and s.gradient_accumulation_steps > 1:
             micro += 2 * w * part / rates.pcie_bytes_per_s  # accumulate on the host through the GPU
@@ -134,26 +180,70 @@ def _offload(facts: ModelFacts, s: Setup, rates: GpuRates, w: int) -> tuple[floa
 _FP32_STATE = 8  # fp32 master + fp32 gradient per parameter, swapped with the moments
 
 
-def estimate_speed(facts: ModelFacts, s: Setup, rates: GpuRates) -> SpeedEstimate:
+def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     w = weight_bytes(s.precision)
-    compute, flops = _micro_compute(facts, s, rates)
-    comm = _micro_comm(facts, s, w)
+    gpu, flops = _gpu_seconds(facts, s, rates)
+    passes = 3 if s.gradient_checkpointing else 2
+    layer_passes = passes * facts.arch.num_layers
+    module_passes = layer_passes * _modules_per_layer(facts) if s.zero_stage == 3 else 0
     off_micro, off_step = _offload(facts, s, rates, w)
-    overlapped = s.knobs.overlap_comm
-    micro = max(compute, comm, off_micro) if overlapped else compute + comm + off_micro
-    gpu_optimizer = 0.0
-    if s.offload_optimizer == "none":
-        part = facts.trainable_parameters / (1 if s.zero_stage == 0 else s.num_gpus)
-        gpu_optimizer = (16 + 2 * moment_bytes_per_param(s.optimizer)) * part / C.HBM_BYTES_PER_S
-    step_comm = _step_comm(facts, s, w)
-    accum = s.gradient_accumulation_steps
-    step = accum * micro + gpu_optimizer + off_step + step_comm
-    tokens = s.tokens_per_micro_batch * accum * s.num_gpus
+    part = facts.trainable_parameters / (1 if s.zero_stage == 0 else s.num_gpus)
+    on_cpu = s.offload_optimizer != "none"
+    return StepTerms(
+        accumulation=s.gradient_accumulation_steps,
+        gpu_seconds_at_full_rate=gpu,
+        layer_passes=layer_passes,
+        zero3_module_passes=module_passes,
+        zero3_collective_passes=module_passes if s.num_gpus > 1 else 0,
+        micro_comm_seconds=_micro_comm(facts, s, w),
+        micro_offload_seconds=off_micro,
+        overlap=s.knobs.overlap_comm,
+        gpu_optimizer_params=0.0 if on_cpu else part,
+        cpu_optimizer_params=part if on_cpu else 0.0,
+        cpu_optimizer_zero3=s.zero_stage == 3,
+        step_offload_seconds=off_step,
+        step_comm_seconds=_step_comm(facts, s, w),
+        flops_per_micro=flops,
+        tokens_per_step=s.tokens_per_micro_batch * s.gradient_accumulation_steps * s.num_gpus,
+    )
+
+
+def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
+    """(compute per micro-step, optimizer per step, CPU optimizer per step) seconds."""
+    host = (
+        t.layer_passes * k.layer_pass_s
+        + t.zero3_module_passes * k.zero3_module_pass_s
+        + t.zero3_collective_passes * k.zero3_collective_pass_s
+    )
+    compute = max(t.gpu_seconds_at_full_rate / k.mfu, host)
+    cpu_rate = (
+        k.cpu_optimizer_s_per_param_zero3 if t.cpu_optimizer_zero3 else k.cpu_optimizer_s_per_param_zero12
+    )
+    return compute, t.gpu_optimizer_params * k.gpu_optimizer_s_per_param, t.cpu_optimizer_params * cpu_rate
+
+
+def step_seconds(t: StepTerms, k: SpeedConstants) -> float:
+    compute, gpu_opt, cpu_opt = _parts(t, k)
+    c, o = t.micro_comm_seconds, t.micro_offload_seconds
+    micro = max(compute, c, o) if t.overlap else compute + c + o
+    return t.accumulation * micro + gpu_opt + cpu_opt + t.step_offload_seconds + t.step_comm_seconds
+
+
+#: The constants in use; bench/accuracy.py passes its own to ``step_seconds`` when it refits.
+_CONSTANTS = SpeedConstants()
+
+
+def estimate_speed(facts: ModelFacts, s: Setup, rates: GpuRates) -> SpeedEstimate:
+    t = step_terms(facts, s, rates)
+    k = _CONSTANTS
+    compute, _, cpu_opt = _parts(t, k)
+    step = step_seconds(t, k)
+    accum = t.accumulation
     return SpeedEstimate(
         step_seconds=step,
-        tokens_per_second=tokens / step,
+        tokens_per_second=t.tokens_per_step / step,
         compute_seconds=accum * compute,
-        communication_seconds=accum * comm + step_comm,
-        offload_seconds=accum * off_micro + off_step,
-        flops_per_step=flops * accum,
+        communication_seconds=accum * t.micro_comm_seconds + t.step_comm_seconds,
+        offload_seconds=accum * t.micro_offload_seconds + t.step_offload_seconds + cpu_opt,
+        flops_per_step=t.flops_per_micro * accum,
     )
