@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from planner.errors import PlanError
@@ -114,8 +115,14 @@ class Arch:
     @property
     def largest_param(self) -> int:
         """The largest single tensor (its gradient is the largest transient one)."""
-        biggest_linear = max(lin.in_features * lin.out_features for lin in self.linears)
-        return max(biggest_linear, self.embedding_params)
+        return _largest_param(self)
+
+
+@lru_cache(maxsize=256)
+def _largest_param(arch: Arch) -> int:
+    # Asked once per searched candidate; Arch compares by identity, so this is a cheap memo.
+    biggest_linear = max(lin.in_features * lin.out_features for lin in arch.linears)
+    return max(biggest_linear, arch.embedding_params)
 
 
 def _field(

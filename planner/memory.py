@@ -328,6 +328,14 @@ def _replay_gathered(facts: ModelFacts, checkpointing: bool, precision: Precisio
 # --- host and NVMe ------------------------------------------------------------------------------------
 
 
+@lru_cache(maxsize=1024)
+def _offloaded_params(facts: ModelFacts, n: int, pin: bool, thr: int) -> float:
+    """Host bytes of ZeRO-3's CPU parameter partitions, all ranks (the same for every micro-batch)."""
+    return n * sum(
+        _pinned(tn.numel * tn.elem_bytes / n, pin) * tn.copies for tn in facts.tensors if tn.numel > thr
+    )
+
+
 def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     n, t = s.num_gpus, facts.trainable_parameters
     pin = s.knobs.pin_memory
@@ -350,10 +358,7 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         sub = min(part, s.knobs.sub_group_size)
         pinned += n * s.knobs.optimizer_buffer_count * _pinned(_FP32 * sub, pin)
     if s.zero_stage == 3 and s.offload_param == "cpu":
-        thr = s.knobs.param_persistence_threshold
-        params = n * sum(
-            _pinned(tn.numel * tn.elem_bytes / n, pin) * tn.copies for tn in facts.tensors if tn.numel > thr
-        )
+        params = _offloaded_params(facts, n, pin, s.knobs.param_persistence_threshold)
     elif s.zero_stage == 3 and s.offload_param == "nvme":
         nvme += _model_bytes(facts, s.knobs.param_persistence_threshold)
         pinned += n * s.knobs.param_buffer_count * _pinned(s.knobs.param_buffer_size * w, pin)
