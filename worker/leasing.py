@@ -7,6 +7,10 @@ UPDATE`` on Postgres; on SQLite a first write takes the database's single writer
 the queue: jobs go by priority, then age, and a job may not take GPUs while a job ahead of it that
 could run on this host is still waiting (no backfilling past it).
 
+A user holds at most their GPU limit at once (``users.max_gpus``, else ``max_gpus_per_user``),
+counted over every host's live leases: a job whose owner is at the limit waits, and neither takes nor
+holds up cards that the jobs behind it could use.
+
 Leases carry a heartbeat; one whose holder goes silent for ``lease_ttl_s`` no longer counts and is
 removed by the next acquisition or the reconciler.
 """
@@ -17,10 +21,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 
 from store.base import utcnow
-from store.models import Gpu, GpuLease, Job
+from store.models import Gpu, GpuLease, Job, User
 from store.states import JobStatus
 
 if TYPE_CHECKING:
@@ -79,7 +83,13 @@ def try_acquire(session: Session, job: Job, host: str, settings: Settings) -> Gr
     now = utcnow()
     _drop_expired(session, [g.id for g in gpus], now)
     cards = _cards(session, [g for g in gpus if g.healthy])
-    for waiting in _queue_ahead_of(session, job):
+    queue = _queue_ahead_of(session, job)
+    owners = _Owners(session, {j.owner_id for j in queue}, settings, now)
+    for waiting in queue:
+        if not owners.may_take(waiting):
+            if waiting.id == job.id:
+                return None
+            continue  # its owner holds their limit: it waits without holding up the jobs behind it
         picked = _pick(cards, waiting, settings.gpu_share_margin)
         if waiting.id == job.id:
             if picked is None:
@@ -87,9 +97,27 @@ def try_acquire(session: Session, job: Job, host: str, settings: Settings) -> Gr
             return _grant(session, job, picked, now, settings)
         if picked is not None:
             _hold(picked, waiting)  # it will take these when its own task runs
+            owners.count(waiting)
         elif _could_ever_run(cards, waiting, settings.gpu_share_margin):
             return None  # it is ahead and waiting for GPUs: do not jump it
     return None  # the job is no longer queued
+
+
+class _Owners:
+    """GPUs each owner holds (live leases on any host) against their limit, during one allocation."""
+
+    def __init__(self, session: Session, owner_ids: set[str], settings: Settings, now: datetime) -> None:
+        self.held: dict[str, int] = dict(session.execute(  # type: ignore[arg-type]
+            select(Job.owner_id, func.count(GpuLease.id)).join(Job, Job.id == GpuLease.job_id)
+            .where(Job.owner_id.in_(owner_ids), GpuLease.expires_at > now).group_by(Job.owner_id)).all())
+        limits = dict(session.execute(select(User.id, User.max_gpus).where(User.id.in_(owner_ids))).all())
+        self.limit = {o: limits.get(o) or settings.max_gpus_per_user for o in owner_ids}
+
+    def may_take(self, job: Job) -> bool:
+        return self.held.get(job.owner_id, 0) + planned_gpus(job) <= self.limit[job.owner_id]
+
+    def count(self, job: Job) -> None:
+        self.held[job.owner_id] = self.held.get(job.owner_id, 0) + planned_gpus(job)
 
 
 def _drop_expired(session: Session, gpu_ids: list[int], now: datetime) -> None:
