@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 
 PG_ADMIN_URL = os.environ.get("TUNEBOX_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS_BASE_URL = os.environ.get("TUNEBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 
 
 def _admin_engine():  # noqa: ANN202 - sqlalchemy Engine
@@ -55,14 +54,13 @@ def pg_empty_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    """A Redis database number of its own, picked at random and flushed first."""
-    import redis
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server of this test session's own: no other run's worker can take its messages."""
+    from tests.reliability.support import RedisServer
 
-    db = secrets.randbelow(14) + 1
-    url = f"{REDIS_BASE_URL}/{db}"
-    redis.Redis.from_url(url).flushdb()
-    return url
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server.url
+    server.stop()
 
 
 def truncate_all(url: str) -> None:
