@@ -51,6 +51,14 @@ def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM
 # --------------------------------------------------------------------------- private servers
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: a test run killed outright takes its servers with it."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 class RedisServer:
     """A redis-server of our own on a free port: flushing or stopping it touches no one else."""
 
@@ -67,7 +75,8 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = [shutil.which("redis-server") or "redis-server", "--port", str(self.port),
                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent)
         wait_for(self.ping, 10, f"redis-server on port {self.port}", every=0.05)
         return self
 

@@ -55,9 +55,9 @@ def test_full_disk_while_checkpointing_fails_disk_full_and_lists_only_complete_c
         with stack.client() as client:
             job_id = submit(client, lora_spec("disk-fills", max_steps=200, save_steps=10))
             job_dir = stack.job_dir(job_id)
-            wait_for(lambda: checkpoint_steps(job_dir), 180, "the first complete checkpoint", every=0.05)
+            wait_for(lambda: checkpoint_steps(job_dir), 480, "the first complete checkpoint", every=0.05)
             assert fill(filler, LEFT_FREE) > 100 * 2**20
-            done = wait_job(client, job_id, TERMINAL, 120, *stack.workers)
+            done = wait_job(client, job_id, TERMINAL, 300, *stack.workers)
             listed = client.get(f"/v1/jobs/{job_id}/checkpoints").json()["items"]
     finally:
         with contextlib.suppress(FileNotFoundError):

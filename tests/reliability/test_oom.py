@@ -41,9 +41,9 @@ def test_job_over_the_address_space_cap_fails_host_oom_and_the_next_starts(real_
     small = lora_spec("queued-behind", max_steps=4, save_steps=100)
     with stack.client() as client:
         first, second = submit(client, big), submit(client, small)
-        failed = wait_job(client, first, TERMINAL, 240, *stack.workers)
+        failed = wait_job(client, first, TERMINAL, 400, *stack.workers)
         lease_freed = lease_count(stack.db_url, first) == 0
-        after = wait_job(client, second, TERMINAL, 240, *stack.workers)
+        after = wait_job(client, second, TERMINAL, 400, *stack.workers)
 
     assert failed["status"] == "failed", failed
     assert (failed["failure"]["kind"], failed["failure"]["reason"]) == ("error", "host_oom")

@@ -32,11 +32,12 @@ from worker import launcher
 
 pytestmark = pytest.mark.slow
 RECOVERY_S = 60
+STEPS = 150
 
 
 def _kill_worker_mid_run(stack: Stack, job_id: str, ready: object) -> tuple[int, float]:
     """SIGKILL the worker running ``job_id`` once ``ready()``; returns its run's group and the time."""
-    wait_for(ready, 180, f"{job_id} mid-run", every=0.1)
+    wait_for(ready, 480, f"{job_id} mid-run", every=0.1)
     row = job(stack.db_url, job_id)
     assert row.worker_pid == stack.worker.proc.pid and row.process_group  # type: ignore[union-attr]
     stack.worker.kill()
@@ -59,7 +60,7 @@ def _wait_recovered(stack: Stack, job_id: str, killed_at: float) -> float:
 def test_killed_worker_job_resumes_from_its_checkpoint(real_stack: Stack) -> None:
     stack = real_stack
     with stack.client() as client:
-        job_id = submit(client, lora_spec("resume-after-kill", max_steps=200, save_steps=10))
+        job_id = submit(client, lora_spec("resume-after-kill", max_steps=STEPS, save_steps=10))
         job_dir = stack.job_dir(job_id)
         pgid, killed_at = _kill_worker_mid_run(stack, job_id, lambda: checkpoint_steps(job_dir))
         first_pids = {p.pid for p in job_processes(job_id)}
@@ -67,7 +68,7 @@ def test_killed_worker_job_resumes_from_its_checkpoint(real_stack: Stack) -> Non
 
         stack.start_worker()  # the service restarted: it reconciles before taking work
         took = _wait_recovered(stack, job_id, killed_at)
-        done = wait_job(client, job_id, TERMINAL, 240, *stack.workers)
+        done = wait_job(client, job_id, TERMINAL, 480, *stack.workers)
 
     assert took < RECOVERY_S
     assert (done["status"], done["attempt"]) == ("succeeded", 2), done.get("failure")
@@ -80,12 +81,12 @@ def test_killed_worker_job_resumes_from_its_checkpoint(real_stack: Stack) -> Non
     starts = [r for r in records if r["type"] == "start"]
     assert len(starts) == 2 and starts[0]["start_step"] == 0
     resumed = starts[1]
-    assert 0 < resumed["start_step"] < 200, resumed
+    assert 0 < resumed["start_step"] < STEPS, resumed
     assert Path(resumed["resumed_from"]).name == f"step-{resumed['start_step']}"
     second_run = [r["step"] for r in records[records.index(resumed):] if r["type"] == "progress"]
-    assert second_run == list(range(resumed["start_step"] + 1, 201))  # continued, not restarted
-    assert records[-1]["type"] == "done" and records[-1]["step"] == 200
-    assert done["progress"]["step"] == 200
+    assert second_run == list(range(resumed["start_step"] + 1, STEPS + 1))  # continued, not restarted
+    assert records[-1]["type"] == "done" and records[-1]["step"] == STEPS
+    assert done["progress"]["step"] == STEPS
 
     assert not any(p.pid in first_pids for p in job_processes(job_id))
     assert not launcher.group_alive(pgid)
