@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth.service import TokenCache
 from api.datasets.router import router as datasets_router
-from api.db import THREADS, open_database
+from api.db import THREADS, close_async_reads, open_async_reads, open_database
 from api.errors import document_problems, install_handlers
 from api.gpus.router import router as gpus_router
 from api.jobs.router import router as jobs_router
@@ -55,13 +55,19 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS
         state.db_slots = anyio.Semaphore(db.slots)  # made here: it belongs to the serving loop
-        yield
-        db.dispose()
+        state.async_reads = open_async_reads(settings.resolved_database_url)  # so does this pool
+        try:
+            yield
+        finally:
+            await close_async_reads(state.async_reads)
+            state.async_reads = None
+            db.dispose()
 
     app = FastAPI(title="tunebox", version="0.1.0", openapi_url="/openapi.json", lifespan=lifespan,
                   description="Plan and run fine-tuning jobs on a shared GPU box.")
     state: Any = app.state
     state.db_slots = None
+    state.async_reads = None  # until the lifespan starts: reads take the threaded path
     state.settings = settings
     state.sessions = db.sessions
     state.read_sessions = db.reads

@@ -3,13 +3,19 @@
 A GET runs its one or two SELECTs in autocommit: no BEGIN/COMMIT round trips for a request that
 writes nothing. Connections are not pinged on checkout (a round trip per request); after a
 database restart the pool is invalidated on the first failure, which answers 503.
+
+On Postgres the hottest reads (one job, the token lookup) also have an asyncio engine (psycopg's
+async connections): they run on the event loop, without handing the GIL to a worker thread and
+back for every query. Its pool belongs to one event loop, so the app opens it at startup and
+closes it at shutdown (:func:`open_async_reads`); SQLite keeps the threaded path.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, make_url
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from store.db import make_engine
@@ -41,3 +47,18 @@ def open_database(url: str) -> ApiDatabase:
     autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
     return ApiDatabase(engine=engine, sessions=sessionmaker(bind=engine, expire_on_commit=False),
                        reads=sessionmaker(bind=autocommit, expire_on_commit=False))
+
+
+def open_async_reads(url: str) -> async_sessionmaker[AsyncSession] | None:
+    """Autocommit async sessions for reads on Postgres; None for other databases (threaded path)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return None
+    engine = create_async_engine(parsed.set(drivername="postgresql+psycopg"), pool_size=POOL_SIZE,
+                                 max_overflow=0, pool_pre_ping=False, isolation_level="AUTOCOMMIT")
+    return async_sessionmaker(bind=engine, expire_on_commit=False)
+
+
+async def close_async_reads(reads: async_sessionmaker[AsyncSession] | None) -> None:
+    if reads is not None:
+        await reads.kw["bind"].dispose()

@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Annotated
+from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Executable, Row
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -24,7 +26,11 @@ from tunebox.settings import Settings
 
 log = logging.getLogger(__name__)
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 _AFTER_COMMIT = "after_commit"
+_DONE = "finished"
 
 
 def get_settings(request: Request) -> Settings:
@@ -49,6 +55,16 @@ def _finish(session: Session) -> None:
         callback()
 
 
+def finish_now(session: Session) -> None:
+    """Commit and run the after-commit callbacks now, from the worker thread already doing the work.
+
+    A handler that does all its blocking work in one thread ends it here, which spares the hop to
+    another thread for the commit; the dependency then only has to let go of the session.
+    """
+    session.info[_DONE] = True
+    _finish(session)
+
+
 def _abort(session: Session) -> None:
     try:
         session.rollback()
@@ -68,6 +84,8 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         except BaseException:
             await _end(session, _abort, inline=reads)
             raise
+        if session.info.pop(_DONE, False):
+            return  # committed and closed by finish_now
         await _end(session, _finish, inline=reads and not session.info.get(_AFTER_COMMIT))
 
 
@@ -93,25 +111,81 @@ _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <toke
 _CHALLENGE = 'Bearer realm="tunebox"'
 
 
+def _token(credentials: HTTPAuthorizationCredentials | None) -> str:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise Unauthorized("send `Authorization: Bearer <token>`", headers={"WWW-Authenticate": _CHALLENGE})
+    return credentials.credentials
+
+
+def _known(request: Request, token: str, principal: Principal | None) -> Principal:
+    if principal is None:
+        raise Unauthorized("the token is unknown or revoked",
+                           headers={"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'})
+    request.app.state.token_cache.put(token, principal)
+    return principal
+
+
 async def get_principal(
     request: Request, session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise Unauthorized("send `Authorization: Bearer <token>`", headers={"WWW-Authenticate": _CHALLENGE})
-    token = credentials.credentials
+    token = _token(credentials)
     cache: TokenCache = request.app.state.token_cache
     principal = cache.get(token)
     if principal is None:
-        principal = await run_in_threadpool(lookup, session, token)
-        if principal is None:
-            raise Unauthorized("the token is unknown or revoked",
-                               headers={"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'})
-        cache.put(token, principal)
+        principal = _known(request, token, await run_in_threadpool(lookup, session, token))
     return principal
 
 
+async def get_reader(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """The caller, for read-only handlers that take no request session (see :func:`read_with`)."""
+    token = _token(credentials)
+    cache: TokenCache = request.app.state.token_cache
+    principal = cache.get(token)
+    if principal is None:
+        principal = _known(request, token, await read_with(request, lookup, token))
+    return principal
+
+
+async def read_with(request: Request, fn: Callable[Concatenate[Session, P], T], *args: P.args,
+                    **kwargs: P.kwargs) -> T:
+    """Run ``fn(session, ...)`` in an autocommit read session of its own.
+
+    On Postgres the session is async and ``fn`` runs on the event loop (through greenlets); on
+    SQLite it runs in a worker thread, admitted like any request session (see api.db.POOL_SIZE).
+    """
+    async_reads: async_sessionmaker[AsyncSession] | None = request.app.state.async_reads
+    if async_reads is not None:
+        async with async_reads() as session:
+            return await session.run_sync(fn, *args, **kwargs)
+    slots: anyio.Semaphore | None = request.app.state.db_slots
+    async with slots if slots is not None else contextlib.nullcontext():
+        sync_session = request.app.state.read_sessions()
+        try:
+            return await run_in_threadpool(fn, sync_session, *args, **kwargs)
+        finally:
+            sync_session.close()  # autocommit: nothing to end, only the connection to hand back
+
+
+async def first_row(request: Request, statement: Executable, params: dict[str, Any]) -> Row[Any] | None:
+    """The first row of one Core SELECT, read like :func:`read_with` but without an ORM session.
+
+    On Postgres it runs on an async connection from the pool: no Session, no greenlet hop per
+    call, which is most of what one small read costs in SQLAlchemy.
+    """
+    async_reads: async_sessionmaker[AsyncSession] | None = request.app.state.async_reads
+    if async_reads is None:
+        return await read_with(request, lambda session: session.execute(statement, params).first())
+    engine: AsyncEngine = async_reads.kw["bind"]
+    async with engine.connect() as conn:
+        return (await conn.execute(statement, params)).first()
+
+
 CurrentUser = Annotated[Principal, Depends(get_principal)]
+# the same caller, looked up without the request's session (read-only handlers using read_with)
+Reader = Annotated[Principal, Depends(get_reader)]
 
 
 async def require_admin(user: CurrentUser) -> Principal:

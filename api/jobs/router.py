@@ -7,10 +7,21 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from sqlalchemy import bindparam, select
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.auth.service import Principal
-from api.deps import AdminUser, CurrentUser, SessionDep, SettingsDep, after_commit
+from api.deps import (
+    AdminUser,
+    CurrentUser,
+    Reader,
+    SessionDep,
+    SettingsDep,
+    after_commit,
+    finish_now,
+    first_row,
+)
 from api.errors import ApiError, FieldError, InvalidInput, TooManyRequests, retry_after_header
 from api.jobs import idempotency, service
 from api.jobs.deps import JobId, ValidJob
@@ -25,7 +36,9 @@ from api.jobs.schemas import (
     MetricSeries,
 )
 from api.jobs.stream import event_stream
+from store.models import Job, User
 from store.states import JobStatus
+from tunebox.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -51,29 +64,39 @@ Submitter = Annotated[Principal, Depends(submit_allowance)]
 @router.post("", status_code=201, response_model=JobRead, summary="Submit a job",
              responses={**_PROBLEMS, 409: {"description": "Same Idempotency-Key still in flight"},
                         429: {"description": "Too many queued jobs or submissions"}})
-def create_job(
+async def create_job(
     spec: JobCreate, request: Request, response: Response, session: SessionDep, settings: SettingsDep,
     user: Submitter,
     idempotency_key: Annotated[str | None, Header(alias=idempotency.HEADER)] = None,
 ) -> JobRead | Response:
-    key = idempotency_key
+    # all the blocking work, the commit and the enqueue in one worker thread: each hop between the
+    # event loop and a thread costs more CPU than most of the steps it would carry
+    job = await run_in_threadpool(_submit, session, settings, user, spec, idempotency_key,
+                                  request.app.state.enqueue)
+    if isinstance(job, JobRead):
+        response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return job
+
+
+def _submit(session: Session, settings: Settings, user: Principal, spec: JobCreate, key: str | None,
+            enqueue: service.Enqueue) -> JobRead | Response:
     if key is not None:
         replay = idempotency.claim(session, user.user_id, key,
                                    idempotency.fingerprint(spec.model_dump(mode="json", exclude_unset=True)))
         if replay is not None:
+            finish_now(session)
             return JSONResponse(replay.body, status_code=replay.status,
                                 headers={"Idempotent-Replayed": "true"})
     try:
-        job = service.create_job(session, settings, user, spec)
+        job, task_id = service.create_job(session, settings, user, spec)
     except ApiError:
         if key is not None:
             idempotency.release(session, user.user_id, key)
         raise
     if key is not None:
         idempotency.complete(session, user.user_id, key, 201, job.model_dump(mode="json"), job.id)
-    task_id = service.task_id_of(session, job.id)
-    after_commit(session, partial(service.dispatch, request.app.state.enqueue, job.id, job.priority, task_id))
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    after_commit(session, partial(service.dispatch, enqueue, job.id, job.priority, task_id))
+    finish_now(session)  # commit, then enqueue: the client never sees a 201 for an uncommitted job
     return job
 
 
@@ -90,9 +113,17 @@ def list_jobs(
     return service.list_jobs(session, user, statuses=status, owner=owner, after=after, limit=limit)
 
 
+# one job with its owner's name, as plain columns: a Core row is all that JobRead needs
+_JOB_WITH_OWNER = (select(*Job.__table__.c, User.name.label("owner_name"))
+                   .join(User, User.id == Job.owner_id).where(Job.id == bindparam("job_id")))
+
+
 @router.get("/{job_id}", summary="One job", responses=_PROBLEMS)
-async def get_job(ref: ValidJob) -> JobRead:
-    return service.job_read(ref.job, ref.owner)
+async def get_job(job_id: JobId, request: Request, _user: Reader) -> JobRead:
+    row = await first_row(request, _JOB_WITH_OWNER, {"job_id": job_id})
+    if row is None:
+        raise service.job_not_found(job_id)
+    return service.job_read(row, row.owner_name)
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job", responses={

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, defer
 
 from api.auth.service import Principal
@@ -53,7 +53,7 @@ Enqueue = Callable[..., str]
 # --------------------------------------------------------------------------- reading
 
 
-def _progress(job: Job) -> Progress:
+def _progress(job: Job | Row[Any]) -> Progress:
     return Progress(step=job.step, total_steps=job.total_steps, epoch=job.epoch, loss=job.loss,
                     learning_rate=job.learning_rate, tokens_per_second=job.tokens_per_second,
                     samples_per_second=job.samples_per_second, eta_seconds=job.eta_seconds,
@@ -62,13 +62,13 @@ def _progress(job: Job) -> Progress:
                     host_cpu_percent=job.host_cpu_percent, updated_at=job.progress_at)
 
 
-def _failure(job: Job) -> Failure | None:
+def _failure(job: Job | Row[Any]) -> Failure | None:
     if job.failure_kind is None and job.failure_reason is None:
         return None
     return Failure(kind=job.failure_kind, reason=job.failure_reason, message=job.failure_message)
 
 
-def _summary_fields(job: Job, owner: str) -> dict[str, Any]:
+def _summary_fields(job: Job | Row[Any], owner: str) -> dict[str, Any]:
     return dict(id=job.id, name=job.name, owner=owner, status=job.status, priority=job.priority,
                 num_gpus=job.num_gpus, planned_peak_gpu_bytes=job.planned_peak_gpu_bytes,
                 planned_host_bytes=job.planned_host_bytes, progress=_progress(job), failure=_failure(job),
@@ -80,7 +80,8 @@ def job_summary(job: Job, owner: str) -> JobSummary:
     return JobSummary(**_summary_fields(job, owner))
 
 
-def job_read(job: Job, owner: str) -> JobRead:
+def job_read(job: Job | Row[Any], owner: str) -> JobRead:
+    """``job`` is a Job, or a Core row of the jobs table's columns (the same names)."""
     return JobRead(**_summary_fields(job, owner), spec=job.spec, plan=job.plan, dataset_id=job.dataset_id,
                    attempt=job.attempt, worker_host=job.worker_host, gpu_indices=job.gpu_indices,
                    cancel_requested_at=job.cancel_requested_at, eval_status=job.eval_status,
@@ -92,8 +93,12 @@ def load_job(session: Session, job_id: str) -> tuple[Job, str]:
     row = session.execute(select(Job, User.name).join(User, User.id == Job.owner_id)
                           .where(Job.id == job_id)).first()
     if row is None:
-        raise NotFound(f"no job {job_id}", errors=[FieldError("job_id", "no such job")])
+        raise job_not_found(job_id)
     return row[0], row[1]
+
+
+def job_not_found(job_id: str) -> NotFound:
+    return NotFound(f"no job {job_id}", errors=[FieldError("job_id", "no such job")])
 
 
 def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus], owner: str | None,
@@ -201,8 +206,11 @@ def _refuse_unfit(plan: Plan) -> None:
                          plan=body, alternatives=body.get("alternatives", []))
 
 
-def create_job(session: Session, settings: Settings, user: Principal, spec: JobSpec) -> JobRead:
-    """Validate, plan and store a queued job with its 'created' and audit events; returns it."""
+def create_job(session: Session, settings: Settings, user: Principal, spec: JobSpec) -> tuple[JobRead, str]:
+    """Validate, plan and store a queued job with its 'created' and audit events.
+
+    Returns the job and the Celery task id stored with it (to send under after the commit).
+    """
     check_storable(spec)
     _check_queue_limit(session, user, settings)
     spec = resolve_model(spec, settings, required=True)
@@ -214,9 +222,10 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     _check_gpu_limit(user, settings, plan.num_gpus)
     plan_json = plan.model_dump(mode="json")
     _check_nvme_paths(plan_json, spec, settings)
+    task_id = str(uuid.uuid4())
     job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, status=JobStatus.QUEUED,
               priority=spec.priority, spec=spec.model_dump(mode="json"), plan=plan_json,
-              dataset_id=dataset_id, num_gpus=plan.num_gpus, celery_task_id=str(uuid.uuid4()),
+              dataset_id=dataset_id, num_gpus=plan.num_gpus, celery_task_id=task_id,
               planned_peak_gpu_bytes=plan_json["per_gpu"]["total_bytes"],
               planned_host_bytes=plan_json["host"]["total_bytes"])
     session.add(job)
@@ -226,13 +235,9 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
         JobEvent(job_id=job.id, kind="audit", actor=user.name, message="create", data={"action": "create"}),
     ])
     session.flush()
-    return job_read(job, user.name)
-
-
-def task_id_of(session: Session, job_id: str) -> str:
-    job = session.get(Job, job_id)  # in the identity map: no query
-    assert job is not None and job.celery_task_id is not None
-    return job.celery_task_id
+    # the id is taken from here: the session keeps a flushed object only weakly, so looking the
+    # job up again later could cost a SELECT
+    return job_read(job, user.name), task_id
 
 
 def dispatch(enqueue: Enqueue, job_id: str, priority: int, task_id: str) -> None:

@@ -1,0 +1,52 @@
+"""The two hot paths: GET /v1/jobs/{id} on the async read path (Postgres) or the threaded one
+(SQLite), and POST /v1/jobs committing and enqueuing from one worker thread."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from store.db import session_scope
+from store.models import ApiToken, Job
+from tests.api.conftest import Env
+
+
+def test_get_reads_the_job_as_submitted_on_either_path(env: Env) -> None:
+    on_postgres = env.url.startswith("postgresql")
+    assert (env.client.app.state.async_reads is not None) is on_postgres  # type: ignore[attr-defined]
+    created = env.submit()
+    shown = env.client.get(f"/v1/jobs/{created['id']}", headers=env.auth("bob"))
+    assert shown.status_code == 200
+    assert shown.json() == created  # every field, the JSON documents and timestamps included
+
+
+def test_get_unknown_job_and_bad_token_are_problems(env: Env) -> None:
+    missing = env.client.get("/v1/jobs/job_nosuchjob", headers=env.auth())
+    assert missing.status_code == 404
+    assert missing.headers["content-type"].startswith("application/problem+json")
+    assert missing.json()["errors"] == [{"field": "job_id", "message": "no such job"}]
+    bad = env.client.get("/v1/jobs/job_nosuchjob", headers={"Authorization": "Bearer nope"})
+    assert bad.status_code == 401 and "invalid_token" in bad.headers["www-authenticate"]
+
+
+def test_get_marks_the_token_used(env: Env) -> None:
+    env.client.get("/v1/jobs/job_nosuchjob", headers=env.auth())  # the lookup runs (cache TTL 0)
+    with session_scope(env.url) as session:
+        used = [t.last_used_at for t in session.query(ApiToken).all()]
+    assert any(isinstance(at, datetime) for at in used)
+
+
+def test_submit_commits_before_the_enqueue_and_before_the_response(env: Env) -> None:
+    seen: list[str | None] = []
+
+    def enqueue(job_id: str, *, priority: int = 0, task_id: str | None = None) -> str:
+        with session_scope(env.url) as session:  # another connection: sees only committed rows
+            job = session.get(Job, job_id)
+            seen.append(job.celery_task_id if job is not None else None)
+        return task_id or "t"
+
+    env.client.app.state.enqueue = enqueue  # type: ignore[attr-defined]
+    created = env.submit()
+    with session_scope(env.url) as session:
+        stored = session.get(Job, created["id"])
+        assert stored is not None
+        assert seen == [stored.celery_task_id]  # enqueued once, after the commit, under the stored id
