@@ -100,27 +100,38 @@ class ProgressRecorder:
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     _pending: dict[str, Any] | None = None
     _last_write: float = 0.0
+    _backlog: list[dict[str, Any]] = field(default_factory=list)
+    _fresh: list[dict[str, Any]] = field(default_factory=list)
 
     def handle(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Take new records; returns the checkpoint records among them (for evaluation)."""
-        new_checkpoints = []
-        for record in records:
-            self.peaks.observe(record)
-            kind = record["type"]
-            if kind == "start":
-                self.started = record
-            elif kind == "progress":
-                self._pending = record
-            elif kind == "checkpoint":
-                self._record_checkpoint(record, final=False)
-                self.checkpoints.append(record)
-                new_checkpoints.append(record)
-            elif kind == "done":
-                self.done = record
+        """Take new records; returns the checkpoint records among them (for evaluation).
+
+        A database error leaves the records not yet written for the next call (every write here
+        can be repeated), so an outage loses none of them.
+        """
+        self._backlog.extend(records)
+        while self._backlog:
+            self._apply(self._backlog[0])
+            self._backlog.pop(0)
         if self.done is not None:
             self._record_done(self.done)
         self.flush(force=False)
-        return new_checkpoints
+        fresh, self._fresh = self._fresh, []
+        return fresh
+
+    def _apply(self, record: dict[str, Any]) -> None:
+        self.peaks.observe(record)
+        kind = record["type"]
+        if kind == "start":
+            self.started = record
+        elif kind == "progress":
+            self._pending = record
+        elif kind == "checkpoint":
+            self._record_checkpoint(record, final=False)
+            self.checkpoints.append(record)
+            self._fresh.append(record)
+        elif kind == "done":
+            self.done = record
 
     def flush(self, force: bool = True) -> None:
         """Write the latest progress if the interval has passed (or ``force``)."""
@@ -128,12 +139,14 @@ class ProgressRecorder:
             return
         if not force and time.monotonic() - self._last_write < self.interval_s:
             return
-        record, self._pending = self._pending, None
+        record = self._pending
         self._last_write = time.monotonic()
         with session_scope(self.db_url) as s:
             s.execute(update(Job).where(Job.id == self.job_id).values(**self._job_fields(record))
                       .execution_options(synchronize_session=False))
             _upsert_metric(s, self.job_id, "train", record, self.peaks)
+        if self._pending is record:
+            self._pending = None
 
     def _job_fields(self, r: dict[str, Any]) -> dict[str, Any]:
         fields = {"step": r.get("step"), "total_steps": r.get("total_steps"), "epoch": r.get("epoch"),
@@ -164,10 +177,10 @@ class ProgressRecorder:
     def _record_done(self, record: dict[str, Any]) -> None:
         if record.get("_recorded"):
             return
-        record["_recorded"] = True
         self.flush(force=True)
         if record.get("final_path"):
             self._record_checkpoint(record, final=True)
+        record["_recorded"] = True
 
 
 def _upsert_metric(session: Any, job_id: str, kind: str, r: dict[str, Any], peaks: Peaks | None) -> None:
@@ -220,7 +233,7 @@ class LogFollower:
         return "\n".join(self.last_lines)[-LOG_TAIL_CHARS:]
 
     def _write(self) -> None:
-        lines, self._pending = self._pending, []
+        lines = self._pending
         skipped = max(0, len(lines) - LOG_EVENT_LINES)
         shown = lines[-LOG_EVENT_LINES:]
         message = ("\n".join(shown))[-LOG_TAIL_CHARS:]
@@ -231,3 +244,4 @@ class LogFollower:
                            data={"file": self.tail.path.name, "lines": len(lines)}))
             s.execute(update(Job).where(Job.id == self.job_id).values(log_tail=self.text())
                       .execution_options(synchronize_session=False))
+        self._pending = self._pending[len(lines):]  # written; kept until then for a database outage

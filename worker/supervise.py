@@ -4,6 +4,10 @@ The worker watches the run from outside: the training and each evaluation are pr
 their own (see ``launcher``); the worker tails their files, renews the GPU leases, polls the job row
 about once a second for a cancel, and ends the job with one guarded transition. An evaluation that
 crashes or runs out of memory is recorded on the job and never fails the trained model.
+
+The database may be out of reach for a while (a restart): the run goes on, and what could not be
+written is written once it is back. Only when the leases have gone unrenewed for their whole
+lifetime (the cards may be another job's by now) is the run given up.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import OperationalError
 
 from store.db import session_scope
 from store.models import Checkpoint, Job, JobEvent
@@ -74,6 +79,8 @@ class JobRun:
         self._progress: LineTail | None = None
         self._logs: LogFollower | None = None
         self._last = {"renew": 0.0, "status": 0.0, "sample": 0.0}
+        self._renewed = time.monotonic()  # the leases were granted just now
+        self._db_down_since: float | None = None
         self.evals = Evaluations(self)
 
     # ------------------------------------------------------------------ the run
@@ -106,7 +113,7 @@ class JobRun:
                     {"pids": train.pids, "pgid": train.pgid, "gpus": list(self.grant.indices)})
         outcome = self._watch(train, self._train_tick)
         self.recorder.peaks.observe_rss(train.peak_rss_bytes)
-        self._drain()
+        self._when_database(self._drain)
         if outcome is Watch.CANCEL:
             return self._cancel()
         if outcome is Watch.LOST:
@@ -149,15 +156,49 @@ class JobRun:
         """Until the group exits, a cancel is asked for, or the job stops being this run's."""
         while True:
             code = group.poll()
-            tick(group)
+            verdict = self._tick(group, tick, check_in=code is None)
             if code is not None:
                 if launcher.group_alive(group.pgid):  # a rank failed; the others may hang in a collective
                     launcher.terminate(group, min(self.settings.cancel_grace_s, 5.0))
                 return Watch.EXITED
-            verdict = self._check_in()
             if verdict is not None:
                 return verdict
             time.sleep(POLL_S)
+
+    def _tick(self, group: launcher.ProcessGroup, tick: Callable[[launcher.ProcessGroup], None],
+              check_in: bool) -> Watch | None:
+        """One round of bookkeeping; with the database out of reach it waits for the next round."""
+        try:
+            tick(group)
+            verdict = self._check_in() if check_in else None
+        except OperationalError as exc:
+            return self._database_down(exc)
+        if self._db_down_since is not None:
+            log.warning("job %s: the database is back after %.0f s", self.job_id,
+                        time.monotonic() - self._db_down_since)
+            self._db_down_since = None
+        return verdict
+
+    def _database_down(self, exc: OperationalError) -> Watch | None:
+        if self._db_down_since is None:
+            self._db_down_since = time.monotonic()
+            log.warning("job %s: the database is out of reach; the run goes on (%s)", self.job_id,
+                        str(exc).splitlines()[0])
+        if time.monotonic() - self._renewed > self.settings.lease_ttl_s:
+            log.error("job %s: leases not renewed for %s s; the cards may be another job's now",
+                      self.job_id, self.settings.lease_ttl_s)
+            return Watch.LOST
+        return None
+
+    def _when_database(self, step: Callable[[], Any]) -> Any:
+        """``step()``, tried again while the database is out of reach and the leases may still be ours."""
+        while True:
+            try:
+                return step()
+            except OperationalError as exc:
+                if self._database_down(exc) is Watch.LOST:
+                    raise RunLost from exc
+                time.sleep(1.0)
 
     def _check_in(self) -> Watch | None:
         """Renew the leases and read the job's status, each at its own pace."""
@@ -168,6 +209,7 @@ class JobRun:
                 held = leasing.renew(s, self.job_id, self.settings)
             if held == 0:
                 return self._leases_lost()
+            self._renewed = now
         if now - self._last["status"] >= STATUS_EVERY_S:
             self._last["status"] = now
             return self._status_verdict()
@@ -255,7 +297,7 @@ class JobRun:
         fields = {**{k: v for k, v in peaks.items() if v is not None}, "log_tail": self._log_text(),
                   **fields}
         try:
-            self._transition(target, message, data=self._measured(), **fields)
+            self._when_database(lambda: self._transition(target, message, data=self._measured(), **fields))
             return target
         except IllegalTransition as exc:
             if exc.current is JobStatus.CANCELLING:
