@@ -174,6 +174,9 @@ def base_env(grant: Grant, settings: Settings, run: RunId, role: str) -> dict[st
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["DS_ACCELERATOR"] = "cpu"
     else:
+        # the lease decides the device: a DS_ACCELERATOR=cpu left in the worker's environment
+        # would silently train a GPU job on the CPU
+        env.pop("DS_ACCELERATOR", None)
         # NVML numbers cards by PCI bus; CUDA's default order is "fastest first"
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in grant.indices)
