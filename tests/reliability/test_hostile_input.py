@@ -138,6 +138,19 @@ def test_compressed_bodies_are_refused_unread(api: Env) -> None:
     assert plain.status_code == 201
 
 
+def test_uploads_over_the_row_limit_or_not_utf8_are_422_naming_where(pg_url: str, api_roots: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    for env in build_env(pg_url, (api_roots["models"], api_roots["data"]), tmp_path, max_dataset_rows=5):
+        many = env.client.post("/v1/datasets", content=_jsonl(6), headers=env.auth())
+        assert many.status_code == 422 and "more than 5 rows" in many.json()["detail"]
+        bad = _jsonl(2) + b'{"instruction": "caf\xe9", "input": "", "output": "x"}\n'
+        res = env.client.post("/v1/datasets", content=bad, headers=env.auth())
+        assert res.status_code == 422 and res.headers["content-type"] == PROBLEM
+        assert "UTF-8" in res.json()["detail"] and "line 3" in res.json()["detail"]
+        assert env.count(Dataset) == 0
+        assert not [p for p in (tmp_path / "datasets").iterdir()]  # no spooled upload left behind
+
+
 # --------------------------------------------------------------------------- no shell
 
 
