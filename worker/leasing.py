@@ -107,7 +107,7 @@ class _Owners:
     """GPUs each owner holds (live leases on any host) against their limit, during one allocation."""
 
     def __init__(self, session: Session, owner_ids: set[str], settings: Settings, now: datetime) -> None:
-        self.held: dict[str, int] = dict(session.execute(  # type: ignore[arg-type]
+        self.held: dict[str, int] = dict(session.execute(
             select(Job.owner_id, func.count(GpuLease.id)).join(Job, Job.id == GpuLease.job_id)
             .where(Job.owner_id.in_(owner_ids), GpuLease.expires_at > now).group_by(Job.owner_id)).all())
         limits = dict(session.execute(select(User.id, User.max_gpus).where(User.id.in_(owner_ids))).all())
