@@ -4,6 +4,7 @@ its workers as real processes, and probes of what a job left behind (processes, 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -51,12 +52,13 @@ def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM
 # --------------------------------------------------------------------------- private servers
 
 
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the forked child only calls it
+_PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent() -> None:
     """In the child before exec: a test run killed outright takes its servers with it."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class RedisServer:
