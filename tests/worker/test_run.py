@@ -142,7 +142,7 @@ def test_cancel_kills_the_whole_process_group_and_frees_the_gpu(worker, db_url):
         transition(s, job_id, S.CANCELLING, actor="user", message="cancel requested")
     job = wait_status(db_url, job_id, {S.CANCELLED}, timeout=30, worker=worker)
     assert _no_process_left(pids)
-    wait_for(lambda: not _group_exists(job.process_group), 5, "the group's zombies to be reaped")
+    wait_for(lambda: not _group_exists(job.process_group), 30, "the group's zombies to be reaped")
     assert _leases(db_url, job_id) == 0
 
 
