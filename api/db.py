@@ -1,8 +1,8 @@
 """The API's database handles: a session factory for writes and one in autocommit for reads.
 
 A GET runs its one or two SELECTs in autocommit: no BEGIN/COMMIT round trips for a request that
-writes nothing. Connections are not pinged on checkout (a round trip per request); after a
-database restart the pool is invalidated on the first failure, which answers 503.
+writes nothing. Connections are pinged on checkout: one short round trip per request buys that,
+once a restarted database is back, no request fails on a connection the restart left stale.
 
 On Postgres the hottest reads (one job, the token lookup) also have an asyncio engine (psycopg's
 async connections): they run on the event loop, without handing the GIL to a worker thread and
@@ -43,7 +43,7 @@ class ApiDatabase:
 
 def open_database(url: str) -> ApiDatabase:
     extra = {} if url.startswith("sqlite") else {"pool_size": POOL_SIZE, "max_overflow": 0}
-    engine = make_engine(url, pool_pre_ping=False, **extra)
+    engine = make_engine(url, pool_pre_ping=True, **extra)
     autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
     return ApiDatabase(engine=engine, sessions=sessionmaker(bind=engine, expire_on_commit=False),
                        reads=sessionmaker(bind=autocommit, expire_on_commit=False))
@@ -55,7 +55,7 @@ def open_async_reads(url: str) -> async_sessionmaker[AsyncSession] | None:
     if parsed.get_backend_name() != "postgresql":
         return None
     engine = create_async_engine(parsed.set(drivername="postgresql+psycopg"), pool_size=POOL_SIZE,
-                                 max_overflow=0, pool_pre_ping=False, isolation_level="AUTOCOMMIT")
+                                 max_overflow=0, pool_pre_ping=True, isolation_level="AUTOCOMMIT")
     return async_sessionmaker(bind=engine, expire_on_commit=False)
 
 
