@@ -15,8 +15,10 @@ Model states (per trainable parameter, mixed precision, T trainable, N GPUs):
   every GPU; gathered parameters follow ``stage3_max_reuse_distance``, the prefetch bucket and
   ``stage3_max_live_parameters`` (simulated over the module trace, see ``_gathered_bytes``).
 
-Offload moves master, moments and fp32 grads (optimizer) or the bf16 partitions (params) to
-pinned host memory; torch's pinned-memory allocator rounds every block up to a power of two.
+Offload moves master, moments and fp32 grads (optimizer) or the bf16 partitions (params) to the
+host. The gradients (and, for ZeRO-1/2, the master and a bf16 copy of it) are pinned, and torch's
+pinned-memory allocator rounds every block up to a power of two; ZeRO-3's fp32 master and the
+moments are plain allocations.
 The device peak is the larger of two phases — forward/backward and the optimizer step — plus
 the allocator's slack and the CUDA context, which NVML counts and torch does not.
 """
@@ -336,6 +338,33 @@ def _offloaded_params(facts: ModelFacts, n: int, pin: bool, thr: int) -> float:
     )
 
 
+@lru_cache(maxsize=1024)
+def _sub_groups(facts: ModelFacts, n: int, size: int) -> tuple[int, ...]:
+    """ZeRO-3's optimizer sub-groups on one rank, in elements.
+
+    ``_create_fp16_sub_groups`` walks the trainable parameters in model order (embedding, the
+    layers, the final norm, an untied head), adding each one's padded partition, and closes a group
+    once it holds ``sub_group_size`` elements; a model smaller than that is one group.
+    """
+    n_layer = len(facts.layer_tensors)
+    top = [t.numel for t in facts.tensors[n_layer:] if t.trainable]
+    layer = [t.numel for t in facts.layer_tensors if t.trainable]
+    order = top[:1] + layer * facts.arch.num_layers + top[1:]
+    parts = [-(-numel // n) for numel in order]
+    if size >= sum(parts):
+        return (sum(parts),)
+    groups: list[int] = []
+    acc = 0
+    for numel in parts:
+        acc += numel
+        if acc >= size:
+            groups.append(acc)
+            acc = 0
+    if acc:
+        groups.append(acc)
+    return tuple(groups)
+
+
 def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     n, t = s.num_gpus, facts.trainable_parameters
     pin = s.knobs.pin_memory
@@ -343,15 +372,21 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     master = optimizer = grads = params = pinned = 0.0
     nvme = 0.0
     moments = moment_bytes_per_param(s.optimizer)
-    if s.offload_optimizer == "cpu":
-        sub = min(part, s.knobs.sub_group_size) if s.zero_stage == 3 else part
-        groups = max(1, -(-int(part) // int(sub))) if sub else 1
-        master = n * groups * _pinned(_FP32 * sub, pin)
-        grads = n * groups * _pinned(_FP32 * sub, pin)
-        if s.zero_stage == 3:
-            grads += n * _pinned(w * part, pin)  # bf16 gradient partition buffer lives on the host
-        elif s.gradient_accumulation_steps > 1:
+    if s.offload_optimizer == "cpu" and s.zero_stage == 3:
+        # the fp32 master is a plain host copy of each sub-group; each sub-group's fp32 .grad and the
+        # bf16 gradient partition buffer are pinned
+        groups = _sub_groups(facts, n, int(s.knobs.sub_group_size))
+        master = n * _FP32 * part
+        grads = n * (sum(_pinned(_FP32 * g, pin) for g in groups) + _pinned(w * part, pin))
+        optimizer = moments * t
+    elif s.offload_optimizer == "cpu":
+        # ZeRO-1/2: pinned fp32 master and fp32 .grad of the partition, a pinned bf16 copy of it for
+        # the copy back to the GPU, and a pinned bf16 staging buffer of the largest parameter
+        master = n * _pinned(_FP32 * part, pin)
+        grads = n * _pinned(_FP32 * part, pin)
+        if s.gradient_accumulation_steps > 1:
             grads += n * w * part  # per-parameter accumulation buffers across micro-steps
+        pinned += n * (_pinned(w * part, pin) + _pinned(w * _largest_trainable(facts), pin))
         optimizer = moments * t
     elif s.offload_optimizer == "nvme":
         nvme += (_FP32 + moments + _FP32) * t
