@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: make ``bench`` and ``planner`` importable
     sys.path.insert(0, str(REPO))
 
-from bench.cases import CASES, HOST_MEMORY_PER_GPU_BYTES, Case, zero_knobs  # noqa: E402
+from bench.cases import HOST_MEMORY_PER_GPU_BYTES, MATRICES, Case, zero_knobs  # noqa: E402
 
 # NVLink multicast must stay off on the shared multi-GPU hosts; children get these whatever the
 # caller's environment says.
@@ -403,6 +403,7 @@ def _merge_measured(results: list[dict[str, Any] | None], sampler: Sampler,
         "trainable_param_count": rank0.get("trainable_param_count"),
         "loss": rank0.get("loss"),
         "partitioned_at_init": rank0.get("partitioned_at_init"),
+        "host_phases": [r.get("host_phases") or {} for r in sorted(got, key=lambda r: r.get("rank", 0))],
     }
 
 
@@ -527,9 +528,9 @@ def env_info(gpus: Gpus, versions: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- parent: main
 
 
-def load_cases(cases_file: str | None) -> list[Case]:
+def load_cases(cases_file: str | None, matrix: str = "main") -> list[Case]:
     if cases_file is None:
-        return list(CASES)
+        return list(MATRICES[matrix])
     return [Case.from_json(d) for d in json.loads(Path(cases_file).read_text())]
 
 
@@ -586,6 +587,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-gpus", type=int, default=None, help="skip cases needing more GPUs "
                    "(default: the GPUs NVML sees, 1 without a GPU)")
     p.add_argument("--list", action="store_true", help="print the selected cases and exit")
+    p.add_argument("--matrix", choices=sorted(MATRICES), default="main",
+                   help="main: the calibration matrix; heldout: configurations the constants never saw")
     p.add_argument("--cases-file", default=None, help="JSON list of cases to run instead of the matrix")
     p.add_argument("--steps", type=int, default=None, help="measured optimizer steps (default: per case)")
     p.add_argument("--warmup-steps", type=int, default=WARMUP_OPTIMIZER_STEPS,
@@ -618,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     gpus = Gpus.discover()
     max_gpus = args.max_gpus if args.max_gpus is not None else max(1, len(gpus.handles))
     out = args.out or default_out(gpus)
-    chosen = select(load_cases(args.cases_file), args, max_gpus)
+    chosen = select(load_cases(args.cases_file, args.matrix), args, max_gpus)
     done = done_cases(out) if args.resume else set()
     if args.list:
         for c in chosen:
@@ -800,14 +803,18 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     peaks = _Peaks(torch, cuda)
     result["peaks"] = peaks
     result["versions"] = _versions()
+    host = result["host_phases"]
     deepspeed.init_distributed()
+    host["after_init_distributed"] = _host_now(torch, cuda)
     t_init = time.perf_counter()
     model = _prepare(_build_model(spec, ds_config, device, cuda), spec)
+    host["after_model"] = _host_now(torch, cuda)
     result["param_count"], result["trainable_param_count"] = _count(model)
     result["partitioned_at_init"] = any(hasattr(p, "ds_id") for p in model.parameters())
     engine, *_ = deepspeed.initialize(model=model, config=ds_config,
                                       model_parameters=[p for p in model.parameters() if p.requires_grad])
     result["init_seconds"] = round(time.perf_counter() - t_init, 3)
+    host["after_initialize"] = _host_now(torch, cuda)
     phases = result["phase_peaks"]
     phases["after_init_allocated"] = int(torch.cuda.memory_allocated()) if cuda else None
 
@@ -827,7 +834,23 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
 
     for _ in range(int(job["warmup_micro_steps"])):
         micro_step()
+    host["after_warmup"] = _host_now(torch, cuda)
     result["step_seconds"] = _measure(job, engine, micro_step, peaks, phases, cuda, torch, result)
+    host["after_measure"] = _host_now(torch, cuda)
+
+
+def _host_now(torch: Any, cuda: bool) -> dict[str, int | None]:
+    """This rank's resident set and its pinned host memory (torch's pinned allocator) right now."""
+    import psutil
+
+    now: dict[str, int | None] = {"rss_bytes": int(psutil.Process().memory_info().rss),
+                                  "pinned_bytes": None, "pinned_active_bytes": None}
+    if cuda:
+        with contextlib.suppress(Exception):  # host_memory_stats is new in torch 2.x
+            stats = torch.cuda.host_memory_stats()
+            now["pinned_bytes"] = int(stats["allocated_bytes.current"])
+            now["pinned_active_bytes"] = int(stats["active_bytes.current"])
+    return now
 
 
 def _measure(job: dict[str, Any], engine: Any, micro_step: Callable[..., Any], peaks: _Peaks,
@@ -869,7 +892,7 @@ def _is_oom(exc: BaseException) -> bool:
 
 def child_main(case_file: Path, rank: int, result_path: Path) -> int:
     job = json.loads(case_file.read_text())
-    result: dict[str, Any] = {"rank": rank, "status": "error", "error": None,
+    result: dict[str, Any] = {"rank": rank, "status": "error", "error": None, "host_phases": {},
                               "phase_peaks": {"after_init_allocated": None,
                                               "forward_backward_allocated_peak": None,
                                               "optimizer_step_allocated_peak": None}}

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from bench.cases import CASES, MODELS, Case, make_case, param_count
+import planner
+from bench.cases import CASES, HELDOUT_CASES, MATRICES, MODELS, Case, make_case, param_count
 from planner.spec import JobSpec
 
 NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora)\|z(?P<stage>[0-3])\|"
@@ -14,7 +15,7 @@ NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora)\|z(?P<stage>
                   r"mb(?P<mb>\d+)\|g(?P<ga>\d+)(\|gpus(?P<gpus>\d+))?$")
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + HELDOUT_CASES, ids=lambda c: c.name)
 def test_case_is_a_valid_job_spec(case: Case) -> None:
     spec = JobSpec.model_validate(case.spec)
     assert spec.model.config is not None
@@ -22,7 +23,7 @@ def test_case_is_a_valid_job_spec(case: Case) -> None:
     assert case.est_seconds > 0
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + HELDOUT_CASES, ids=lambda c: c.name)
 def test_name_says_what_the_case_runs(case: Case) -> None:
     m = NAME.match(case.name)
     assert m, case.name
@@ -50,7 +51,8 @@ def test_matrix_spans_the_space() -> None:
         "ckpt": {c.spec["training"]["gradient_checkpointing"] for c in CASES},
         "gpus": {c.num_gpus for c in CASES},
     }
-    assert spans["model"] == set(MODELS)
+    heldout_only = {"llama-3.2-3b", "mistral-7b-v0.3", "phi-3-mini", "gemma-2-2b"}
+    assert spans["model"] == set(MODELS) - heldout_only
     assert spans["method"] == {"full", "lora"}
     assert spans["stage"] == {0, 2, 3}
     assert spans["offload"] == {("none", "none"), ("cpu", "none"), ("cpu", "cpu")}
@@ -104,3 +106,15 @@ def test_estimates_grow_with_the_work() -> None:
 def test_parameter_offload_without_zero3_is_refused() -> None:
     with pytest.raises(ValueError, match="ZeRO-3"):
         make_case("qwen2.5-0.5b", "full", 2, "opt+param", True, 1024, 2, 1)
+
+
+def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
+    assert MATRICES == {"main": CASES, "heldout": HELDOUT_CASES}
+    calibrated = {c.name for c in CASES}
+    assert not calibrated & {c.name for c in HELDOUT_CASES}
+    families = {c.spec["model"]["config"]["model_type"] for c in HELDOUT_CASES}
+    assert {"mistral", "phi3", "gemma2"} <= families
+    assert 1 in {c.spec["resources"]["zero_stage"] for c in HELDOUT_CASES}
+    assert max(c.spec["training"]["seq_len"] for c in HELDOUT_CASES) == 8192
+    for c in HELDOUT_CASES:  # each one is planned to fit the GPU it will run on
+        assert planner.plan(c.spec).fits, c.name

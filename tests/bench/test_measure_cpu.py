@@ -67,6 +67,12 @@ def test_tiny_case_records_ok_with_host_figures(run: dict[str, Any]) -> None:
     m = rec["measured"]
     assert m["host_peak_rss_bytes"] > 50 * 2**20
     assert m["host_peak_rss_sampled_bytes"] > 50 * 2**20
+    (phases,) = m["host_phases"]  # one rank
+    assert list(phases) == ["after_init_distributed", "after_model", "after_initialize", "after_warmup",
+                            "after_measure"]
+    assert all(p["rss_bytes"] > 50 * 2**20 and p["pinned_bytes"] is None for p in phases.values())
+    # the offloaded fp32 master and moments are host memory the optimizer's first steps created
+    assert phases["after_warmup"]["rss_bytes"] > phases["after_init_distributed"]["rss_bytes"]
     assert m["step_seconds"] > 0
     assert m["tokens_per_second"] == pytest.approx(2 * 32 * 2 / m["step_seconds"])
     assert len(m["step_seconds_all"]) == 2
