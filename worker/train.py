@@ -182,6 +182,9 @@ class Trainer:
                                         self.run.device)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, optimizer=optimizer,
                                                config=self.ds_config)
+        # from_pretrained returns the model in eval mode, where transformers skips gradient
+        # checkpointing and dropout is off: train in train mode
+        self.engine.train()
         groups = self.engine.optimizer.param_groups
         self.peak_lrs = [float(g["lr"]) for g in groups]
         self.manual_schedule = "scheduler" not in self.ds_config

@@ -220,3 +220,48 @@ def test_runs_under_the_deepspeed_launcher(tmp_path: Path, tiny_model: Path) -> 
                             cwd=REPO, env=env, text=True, capture_output=True, timeout=300)
     done = _done(job, result)
     assert done["step"] == 2 and (Path(done["final_path"]) / "adapter_model.safetensors").is_file()
+
+
+PROBE = """
+import json, sys
+from pathlib import Path
+from worker._trainlib.runfile import load_run
+from worker.train import Trainer
+
+trainer = Trainer(load_run(Path(sys.argv[1])))
+trainer.preflight()
+trainer.load_data()
+trainer.build_engine()
+trainer.plan_steps()
+module = trainer.engine.module
+# a module inside each decoder layer: a checkpointed layer runs its body again in backward
+layers = [m for m in module.modules() if type(m).__name__.endswith("MLP")]
+calls = []
+for layer in layers:
+    layer.register_forward_pre_hook(lambda *_: calls.append(1))  # recomputation may stop mid-module
+dropouts = [m for m in module.modules() if type(m).__name__ == "Dropout" and m.p > 0]
+trainer.train_step()
+print(json.dumps({"layers": len(layers), "layer_forwards": len(calls),
+                  "training": all(m.training for m in module.modules()),
+                  "dropouts_in_train_mode": all(m.training for m in dropouts), "dropouts": len(dropouts)}))
+"""
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_steps_run_in_train_mode_so_checkpointing_recomputes_and_dropout_applies(
+        tmp_path: Path, tiny_model: Path, alpaca_file: Path, checkpointing: bool) -> None:
+    # from_pretrained hands back a model in eval mode, where transformers skips gradient checkpointing
+    # (every activation stays in memory) and LoRA dropout is off
+    spec = make_spec(tiny_model, alpaca_file, max_steps=2)
+    spec["lora"]["dropout"] = 0.1
+    spec["training"]["gradient_checkpointing"] = checkpointing
+    job = write_run(tmp_path / "job", spec)
+    result = subprocess.run([sys.executable, "-c", PROBE, str(job)], cwd=REPO, env=cpu_env(), text=True,
+                            capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    probe = json.loads(result.stdout.strip().splitlines()[-1])
+    assert probe["training"] is True
+    assert probe["dropouts"] > 0 and probe["dropouts_in_train_mode"]
+    # one micro-batch: each layer's MLP runs forward once, and again in backward when checkpointed
+    assert probe["layers"] > 0
+    assert probe["layer_forwards"] == probe["layers"] * (2 if checkpointing else 1)
