@@ -199,7 +199,7 @@ def summary(rows: Sequence[Row]) -> dict[str, list[float]]:
             error(_allocated(r.plan), r.measured("torch_max_allocated_bytes")) for r in ok if r.plan
         ],
         "host": [
-            error(r.plan.host.total_bytes, r.measured("host_peak_rss_bytes"))
+            error(planned_host(r.plan), r.measured("host_peak_rss_bytes"))
             for r in ok
             if r.plan and r.offloaded
         ],

@@ -42,6 +42,9 @@ EVAL_ALLOCATOR_SLACK_FRACTION = 0.10
 #: Resident memory of one training process before any model tensor: Python, torch with its CUDA
 #: libraries, transformers, DeepSpeed and its compiled ops.
 HOST_PROCESS_BYTES = int(3.0 * GIB)
+#: Weight-file size assumed when the checkpoint's files are not at hand (a plan from model.name or
+#: model.config): the hub's sharding convention of 5 GB files.
+CHECKPOINT_SHARD_BYTES = 5_000_000_000
 
 # --- fitting ---------------------------------------------------------------------------------------
 #: A configuration fits a GPU only with this fraction of its memory left free: the estimator's

@@ -103,6 +103,24 @@ def load_model_config(spec: JobSpec) -> tuple[dict[str, Any], str, str | None]:
     return config, "model.path:config.json", str(path)
 
 
+WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def _largest_weight_file(spec: JobSpec) -> int | None:
+    """Bytes of the largest weight file in ``model.path`` (None without a folder or weight files)."""
+    if spec.model.path is None:
+        return None
+    try:
+        sizes = [
+            entry.stat().st_size
+            for entry in Path(spec.model.path).iterdir()
+            if entry.is_file() and entry.name.endswith(WEIGHT_FILE_SUFFIXES)
+        ]
+    except OSError:
+        return None
+    return max(sizes) if sizes else None
+
+
 def _fp32_dtype_field(config: Mapping[str, Any], where: str) -> str | None:
     for key in ("torch_dtype", "dtype"):
         if config.get(key) == "float32":
@@ -129,7 +147,8 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
     lora = None
     if spec.method.value in ("lora", "qlora"):
         lora = resolve_lora(arch, spec.lora.r, spec.lora.target_modules, spec.lora.dropout)
-    facts = model_facts(arch, spec.method.value, lora, spec.training.precision.value)
+    shard = _largest_weight_file(spec)
+    facts = model_facts(arch, spec.method.value, lora, spec.training.precision.value, shard)
     pinned = parse_pinned(spec.resources.deepspeed)
     bounds = Bounds(hw.gpu_count, hw.gpu_memory_bytes, hw.host_memory_bytes, hw.nvme_bytes)
     rates = GpuRates(
@@ -270,7 +289,7 @@ def _fix_space(p: Prepared, chosen: Candidate) -> list[Candidate]:
 
 def prepare_method(p: Prepared, method: str) -> ModelFacts:
     lora = resolve_lora(p.arch, p.spec.lora.r, p.spec.lora.target_modules, p.spec.lora.dropout)
-    return model_facts(p.arch, method, lora, p.spec.training.precision.value)
+    return model_facts(p.arch, method, lora, p.spec.training.precision.value, p.facts.checkpoint_shard_bytes)
 
 
 # --- output -------------------------------------------------------------------------------------------

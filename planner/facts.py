@@ -39,8 +39,11 @@ def _top_tensors(arch: Arch, method: str, lora: LoraTargets | None, w: int) -> l
     return tensors
 
 
-def model_facts(arch: Arch, method: str, lora: LoraTargets | None, precision: str) -> ModelFacts:
-    """Tensors as the training process holds them after ``deepspeed.initialize`` (weights cast)."""
+def model_facts(
+    arch: Arch, method: str, lora: LoraTargets | None, precision: str, shard_bytes: int | None = None
+) -> ModelFacts:
+    """Tensors as the training process holds them after ``deepspeed.initialize`` (weights cast);
+    ``shard_bytes`` is the checkpoint's largest weight file, where known."""
     w = weight_bytes(precision)
     use_lora = lora if method in ("lora", "qlora") else None
     layer = _layer_tensors(arch, method, use_lora, w)
@@ -56,4 +59,5 @@ def model_facts(arch: Arch, method: str, lora: LoraTargets | None, precision: st
         layer_tensors=layer_single,
         num_parameters=arch.num_parameters,
         trainable_parameters=trainable,
+        checkpoint_shard_bytes=shard_bytes,
     )

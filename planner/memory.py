@@ -70,6 +70,8 @@ class ModelFacts:
     layer_tensors: tuple[Tensor, ...]
     num_parameters: int  # base model
     trainable_parameters: int
+    #: the largest weight file of the checkpoint the run loads (None: not known, see ``_shard_bytes``)
+    checkpoint_shard_bytes: int | None = None
 
     @property
     def total_parameters(self) -> int:
@@ -338,6 +340,13 @@ def _offloaded_params(facts: ModelFacts, n: int, pin: bool, thr: int) -> float:
     )
 
 
+def _shard_bytes(facts: ModelFacts) -> float:
+    """Host bytes of the largest weight file a ZeRO-3 from_pretrained holds at once."""
+    whole = _model_bytes(facts)
+    shard = facts.checkpoint_shard_bytes or C.CHECKPOINT_SHARD_BYTES
+    return float(min(whole, shard))
+
+
 @lru_cache(maxsize=1024)
 def _sub_groups(facts: ModelFacts, n: int, size: int) -> tuple[int, ...]:
     """ZeRO-3's optimizer sub-groups on one rank, in elements.
@@ -397,8 +406,10 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     elif s.zero_stage == 3 and s.offload_param == "nvme":
         nvme += _model_bytes(facts, s.knobs.param_persistence_threshold)
         pinned += n * s.knobs.param_buffer_count * _pinned(s.knobs.param_buffer_size * w, pin)
-    # Stages 0-2 build the model on the host before moving it; ZeRO-3's zero.Init builds it in place.
-    load = n * _model_bytes(facts) if s.zero_stage < 3 else 0.0
+    # Stages 0-2 build the model on the host before moving it. ZeRO-3's zero.Init builds it in place,
+    # partitioned (offloaded parameters included), and from_pretrained then reads the checkpoint
+    # one weight file at a time into host memory on every rank.
+    load = n * _model_bytes(facts) if s.zero_stage < 3 else n * _shard_bytes(facts) + params
     resident = master + optimizer + grads + params + pinned
     process = n * C.HOST_PROCESS_BYTES
     total = process + max(load, resident)

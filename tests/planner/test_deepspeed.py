@@ -228,3 +228,54 @@ def test_hf_trainer_form_uses_auto_for_trainer_owned_values() -> None:
     filled = hf_cfg.config
     assert filled["train_micro_batch_size_per_gpu"] == 4 and filled["gradient_accumulation_steps"] == 4
     DeepSpeedConfig(filled)
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "sub_group_size"),
+    [("Qwen/Qwen2.5-3B", 1, 10**9), ("Qwen/Qwen2.5-7B", 2, 10**9), ("meta-llama/Llama-3.2-3B", 2, 3 * 10**8)],
+)
+def test_zero3_sub_groups_are_deepspeeds(name: str, gpus: int, sub_group_size: int) -> None:
+    """ZeRO-3 groups the optimizer's partitions exactly as DeepSpeed's own ``_create_fp16_sub_groups``
+    does over the model's parameters in order (the offloaded fp32 gradients are pinned per group)."""
+    import math
+    import types
+
+    import torch
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from planner.memory import _sub_groups
+
+    cfg = dict(catalogue()[name].config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    def partition(numel: int) -> Any:  # a parameter as the grouping sees it: its padded partition
+        return types.SimpleNamespace(partition_numel=lambda: math.ceil(numel / gpus))
+
+    params = [partition(p.numel()) for p in model.parameters()]
+    owner = types.SimpleNamespace(sub_group_size=sub_group_size)
+    theirs = DeepSpeedZeroOptimizer_Stage3._create_fp16_sub_groups(owner, params)  # type: ignore[arg-type]
+    sizes = tuple(sum(p.partition_numel() for p in group) for group in theirs)
+    facts = model_facts(arch_from_config(cfg), "full", None, "bf16")
+    assert len(sizes) > 1
+    assert _sub_groups(facts, gpus, sub_group_size) == sizes
+
+
+def test_zero3_reads_the_checkpoint_one_weight_file_at_a_time(tmp_path: Any) -> None:
+    """from_pretrained under ZeRO-3 holds the largest weight file on the host of every rank."""
+    cfg = catalogue()["Qwen/Qwen2.5-0.5B"].config
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for i, size in enumerate((300_000_000, 700_000_000)):
+        with (folder / f"model-0000{i + 1}-of-00002.safetensors").open("wb") as f:
+            f.truncate(size)  # sparse: only its size matters
+    spec = job(model={"path": str(folder)}, method="full")
+    spec["resources"].update(num_gpus=2, zero_stage=3, offload_optimizer="none", offload_param="none")
+    spec["hardware"] = hardware(gpus=2)
+    from_folder = plan(spec).host
+    assert from_folder.model_load_bytes == 2 * 700_000_000
+    assert from_folder.total_bytes == from_folder.process_bytes + 2 * 700_000_000
+    # without the files at hand: the whole model, as long as it is under the hub's 5 GB files
+    spec["model"] = {"config": cfg}
+    assert plan(spec).host.model_load_bytes == pytest.approx(2 * 2 * 494_032_768, rel=0.01)
