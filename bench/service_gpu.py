@@ -215,6 +215,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=360)
     ap.add_argument("--hand-rounds", type=int, default=2,
                     help="how often the hand runs are repeated (their spread is the noise of the ratio)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="one job at a time, in the service and by hand: the ratio then measures the "
+                    "service, not how the two jobs' phases happened to overlap")
     ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU: a smoke test of this script")
     args = ap.parse_args()
     device = "cpu" if args.tiny else "cuda"
@@ -225,12 +228,14 @@ def main() -> int:
     m05 = build_model("qwen2.5-0.5b", models / "qwen2.5-0.5b-random", device)
     data = build_dataset(datasets / "pattern.jsonl", rows=args.steps * args.micro_batch * 2,
                          words=args.seq_len)
-    report: dict[str, Any] = {"setup_seconds": round(time.monotonic() - t0, 1)}
+    report: dict[str, Any] = {"setup_seconds": round(time.monotonic() - t0, 1), "sequential": args.sequential,
+                              "steps": args.steps, "seq_len": args.seq_len, "micro_batch": args.micro_batch}
 
     env = dict(os.environ)
     env.update({
         "TUNEBOX_DATA_DIR": str(data_dir), "TUNEBOX_MODEL_ROOTS": json.dumps([str(models)]),
-        "TUNEBOX_DATASET_ROOTS": json.dumps([str(datasets)]), "TUNEBOX_WORKER_CONCURRENCY": "2",
+        "TUNEBOX_DATASET_ROOTS": json.dumps([str(datasets)]),
+        "TUNEBOX_WORKER_CONCURRENCY": "1" if args.sequential else "2",
         "TUNEBOX_PROGRESS_INTERVAL_S": "1", "PYTHONPATH": f"{REPO}:{env.get('PYTHONPATH', '')}",
     })
     if args.tiny:  # the CPU stands in for two GPUs
@@ -280,20 +285,24 @@ def main() -> int:
     report["service_seconds"] = round(time.monotonic() - t0, 1)
     args.out.write_text(json.dumps(report, indent=1, default=str))  # kept if the hand runs do not finish
 
-    # the same runs by hand, both at once as in the service, one GPU each, ``--hand-rounds`` times
+    # the same runs by hand, as the service ran them (both at once, one GPU each, or one after the
+    # other), ``--hand-rounds`` times
     for key in ids:
         report[key]["hand_runs"] = []
     for _ in range(args.hand_rounds):
-        hands = {key: (hand_run(data_dir / "jobs" / jid, work / "hand" / key, None if args.tiny else gpu),
-                       work / "hand" / key)
-                 for gpu, (key, jid) in enumerate(ids.items())}
-        for key, (proc, dest) in hands.items():
-            code = proc.wait(timeout=args.timeout)
-            lines = progress_lines(dest)
-            report[key]["hand_runs"].append({
-                "exit_code": code, "steady_tokens_per_second": steady_tokens_per_second(lines),
-                "steady_steps_per_second": steady_steps_per_second(lines),
-                "nvml_peak_bytes": max((ln.get("nvml_peak_bytes") or 0 for ln in lines), default=None)})
+        batches = [[key] for key in ids] if args.sequential else [list(ids)]
+        for batch in batches:
+            hands = {key: (hand_run(data_dir / "jobs" / ids[key], work / "hand" / key,
+                                    None if args.tiny else (0 if args.sequential else gpu)),
+                           work / "hand" / key)
+                     for gpu, key in enumerate(batch)}
+            for key, (proc, dest) in hands.items():
+                code = proc.wait(timeout=args.timeout)
+                lines = progress_lines(dest)
+                report[key]["hand_runs"].append({
+                    "exit_code": code, "steady_tokens_per_second": steady_tokens_per_second(lines),
+                    "steady_steps_per_second": steady_steps_per_second(lines),
+                    "nvml_peak_bytes": max((ln.get("nvml_peak_bytes") or 0 for ln in lines), default=None)})
     for key in ids:
         report[key]["overhead"] = overhead(report[key])
     report["total_seconds"] = round(time.monotonic() - t0, 1)
