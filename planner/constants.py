@@ -56,34 +56,35 @@ HOST_SAFETY_FRACTION = 0.10
 # --- speed -----------------------------------------------------------------------------------------
 #: Dense bf16 tensor-core rate of an H200 used when the hardware spec gives none (FLOP/s).
 DEFAULT_GPU_FLOPS = 790e12
-#: The step-time constants below were fitted together on all 25 step times of bench/results
+#: The step-time constants below were fitted together on all 35 step times of bench/results
 #: (Nelder-Mead on the squared log error; bench/accuracy.py refits them and reports leave-one-out
 #: and two-fold errors). A micro-step is max(GPU clock, host clock): see planner/speed.py.
 #: Model FLOPs utilisation of the matmuls (the GPU clock: FLOPs / (rate x MFU)).
-MFU = 0.36
+MFU = 0.59
 #: The smallest matmul dimension at which matmuls reach half of MFU. 0: on the H200 data a
 #: size-dependent efficiency was not separable from the host clock, which bounds small shapes.
 MATMUL_HALF_EFFICIENCY_DIM = 0
 #: Host clock: one decoder layer in one pass (forward, backward or recomputation): kernel
 #: launches, HF's Python, checkpointing's bookkeeping. It overlaps the GPU's work, so it sets the
 #: pace of small models only (a 7B LoRA step is FLOP-bound).
-LAYER_PASS_OVERHEAD_S = 3.1e-3
-#: Host clock: ZeRO-3's fetch/release hooks, per module (every nn.Module of a layer, LoRA's
-#: adapters and their ModuleDicts included) per pass. LoRA under ZeRO-3 is slower than full
-#: fine-tuning of the same model because peft triples the modules.
-ZERO3_MODULE_PASS_OVERHEAD_S = 0.37e-3
+LAYER_PASS_OVERHEAD_S = 3.0e-3
+#: Host clock: ZeRO-3's fetch/release hooks per pass, for a module whose parameters are gathered
+#: (above ``stage3_param_persistence_threshold``) and for any other hooked module (norms, small
+#: LoRA adapters and peft's ModuleDicts), which costs only the hook's Python.
+ZERO3_FETCH_PASS_OVERHEAD_S = 0.56e-3
+ZERO3_HOOK_PASS_OVERHEAD_S = 0.23e-3
 #: Host clock, ZeRO-3 over several GPUs: each module's all-gather (and reduce-scatter) is a
 #: separate NCCL launch the hook waits on; on NVLink its latency, not its bytes, is the cost
 #: (0.5B on two H200s: 0.74 s against 0.51 s on one).
-ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.20e-3
+ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.092e-3
 #: GPU optimizer step per parameter a GPU updates (DeepSpeed's bf16 optimizer: fp32 master,
 #: gradient clipping, the fused AdamW, the copy back to bf16).
-GPU_OPTIMIZER_SECONDS_PER_PARAM = 3.3e-11
+GPU_OPTIMIZER_SECONDS_PER_PARAM = 4.1e-11
 #: Optimizer offload: CPU seconds per parameter a rank updates (the DeepSpeedCPUAdam update and
 #: DeepSpeed's bookkeeping; the PCIe terms come on top). ZeRO-3's offload path moves gradients
 #: parameter by parameter and costs several times ZeRO-1/2's flat-buffer path.
-CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.79e-9
-CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.27e-9
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.60e-9
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.28e-9
 #: Effective host<->GPU copy rate of pinned memory over PCIe Gen5 x16 (bytes/s).
 PCIE_BYTES_PER_S = 25e9
 #: Effective NVLink collective (bus) bandwidth between the GPUs of one H200 box (bytes/s).
@@ -100,4 +101,8 @@ QLORA_MATMUL_SLOWDOWN = 1.35
 # --- provenance ----------------------------------------------------------------------------------
 #: Measurement files (bench/results) the constants above were fitted on. bench/accuracy.py reports
 #: every other record as held-out: it checks the model, it was not used to build it.
-CALIBRATION_RESULTS = ("nvidia-h200-x2-2026-11-30.jsonl", "nvidia-h200-x2-2026-11-30-heldout.jsonl")
+CALIBRATION_RESULTS = (
+    "nvidia-h200-x2-2026-11-30.jsonl",
+    "nvidia-h200-x2-2026-11-30-heldout.jsonl",
+    "nvidia-h200-x2-2026-11-30-heldout-2.jsonl",
+)

@@ -403,6 +403,9 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         pinned += n * s.knobs.optimizer_buffer_count * _pinned(_FP32 * sub, pin)
     if s.zero_stage == 3 and s.offload_param == "cpu":
         params = _offloaded_params(facts, n, pin, s.knobs.param_persistence_threshold)
+        # the trainable partitions are then copied into one flat pinned buffer per rank; the
+        # per-parameter blocks they leave stay in torch's pinned-memory cache
+        pinned += n * _pinned(w * part, pin)
     elif s.zero_stage == 3 and s.offload_param == "nvme":
         nvme += _model_bytes(facts, s.knobs.param_persistence_threshold)
         pinned += n * s.knobs.param_buffer_count * _pinned(s.knobs.param_buffer_size * w, pin)

@@ -58,7 +58,8 @@ class SpeedConstants:
 
     mfu: float = C.MFU
     layer_pass_s: float = C.LAYER_PASS_OVERHEAD_S
-    zero3_module_pass_s: float = C.ZERO3_MODULE_PASS_OVERHEAD_S
+    zero3_fetch_pass_s: float = C.ZERO3_FETCH_PASS_OVERHEAD_S
+    zero3_hook_pass_s: float = C.ZERO3_HOOK_PASS_OVERHEAD_S
     zero3_collective_pass_s: float = C.ZERO3_COLLECTIVE_PASS_OVERHEAD_S
     gpu_optimizer_s_per_param: float = C.GPU_OPTIMIZER_SECONDS_PER_PARAM
     cpu_optimizer_s_per_param_zero3: float = C.CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3
@@ -72,8 +73,9 @@ class StepTerms:
     accumulation: int
     gpu_seconds_at_full_rate: float  # one micro-step's FLOPs at 100% of the GPU's rate
     layer_passes: int  # decoder layers × passes, one micro-step
-    zero3_module_passes: int  # hooked modules × passes, one micro-step (0 without ZeRO-3)
-    zero3_collective_passes: int  # the same, when ZeRO-3 spans several GPUs
+    zero3_fetch_passes: int  # modules whose parameters ZeRO-3 gathers × passes (0 without ZeRO-3)
+    zero3_hook_passes: int  # the other modules ZeRO-3 hooks × passes (0 without ZeRO-3)
+    zero3_collective_passes: int  # the gathering passes, when ZeRO-3 spans several GPUs
     micro_comm_seconds: float  # collectives of one micro-step
     micro_offload_seconds: float  # PCIe/NVMe traffic of one micro-step
     overlap: bool  # collectives and offload traffic hide behind compute
@@ -123,12 +125,24 @@ def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, f
 
 
 @lru_cache(maxsize=256)
-def _modules_per_layer(facts: ModelFacts) -> int:
-    """nn.Modules of one decoder layer that ZeRO-3 hooks: its linears, the layer, attention, MLP,
-    activation and two norms; peft adds six per adapted linear (lora_A/lora_B/lora_dropout
-    ModuleDicts and the modules inside them)."""
+def _modules_per_layer(facts: ModelFacts, persistence_threshold: int) -> tuple[int, int]:
+    """(gathering, other) nn.Modules of one decoder layer that ZeRO-3 hooks.
+
+    All of them: its linears, the layer, attention, MLP, activation and two norms; peft adds six per
+    adapted linear (lora_A/lora_B/lora_dropout ModuleDicts and the modules inside them). Only a
+    module holding a parameter above ``stage3_param_persistence_threshold`` waits for an
+    all-gather; the others (norms, small adapters) stay whole on every GPU and cost only the hook.
+    """
+    arch = facts.arch
+    gathering = sum(1 for lin in arch.linears if lin.in_features * lin.out_features > persistence_threshold)
+    if facts.lora:
+        r = facts.lora.r
+        gathering += sum(
+            (r * lin.in_features > persistence_threshold) + (r * lin.out_features > persistence_threshold)
+            for lin in facts.lora.layer_linears
+        )
     adapted = len(facts.lora.layer_linears) if facts.lora else 0
-    return len(facts.arch.linears) + 6 + 6 * adapted
+    return gathering, len(arch.linears) + 6 + 6 * adapted - gathering
 
 
 def _micro_comm(facts: ModelFacts, s: Setup, w: int) -> float:
@@ -185,7 +199,9 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     gpu, flops = _gpu_seconds(facts, s, rates)
     passes = 3 if s.gradient_checkpointing else 2
     layer_passes = passes * facts.arch.num_layers
-    module_passes = layer_passes * _modules_per_layer(facts) if s.zero_stage == 3 else 0
+    gathering, other = _modules_per_layer(facts, int(s.knobs.param_persistence_threshold))
+    fetch_passes = layer_passes * gathering if s.zero_stage == 3 else 0
+    hook_passes = layer_passes * other if s.zero_stage == 3 else 0
     off_micro, off_step = _offload(facts, s, rates, w)
     part = facts.trainable_parameters / (1 if s.zero_stage == 0 else s.num_gpus)
     on_cpu = s.offload_optimizer != "none"
@@ -193,8 +209,9 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         accumulation=s.gradient_accumulation_steps,
         gpu_seconds_at_full_rate=gpu,
         layer_passes=layer_passes,
-        zero3_module_passes=module_passes,
-        zero3_collective_passes=module_passes if s.num_gpus > 1 else 0,
+        zero3_fetch_passes=fetch_passes,
+        zero3_hook_passes=hook_passes,
+        zero3_collective_passes=fetch_passes if s.num_gpus > 1 else 0,
         micro_comm_seconds=_micro_comm(facts, s, w),
         micro_offload_seconds=off_micro,
         overlap=s.knobs.overlap_comm,
@@ -212,7 +229,8 @@ def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
     """(compute per micro-step, optimizer per step, CPU optimizer per step) seconds."""
     host = (
         t.layer_passes * k.layer_pass_s
-        + t.zero3_module_passes * k.zero3_module_pass_s
+        + t.zero3_fetch_passes * k.zero3_fetch_pass_s
+        + t.zero3_hook_passes * k.zero3_hook_pass_s
         + t.zero3_collective_passes * k.zero3_collective_pass_s
     )
     compute = max(t.gpu_seconds_at_full_rate / k.mfu, host)

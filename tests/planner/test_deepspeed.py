@@ -279,3 +279,17 @@ def test_zero3_reads_the_checkpoint_one_weight_file_at_a_time(tmp_path: Any) -> 
     # without the files at hand: the whole model, as long as it is under the hub's 5 GB files
     spec["model"] = {"config": cfg}
     assert plan(spec).host.model_load_bytes == pytest.approx(2 * 2 * 494_032_768, rel=0.01)
+
+
+def test_zero3_parameter_offload_pins_a_flat_copy_of_the_trainable_partitions() -> None:
+    """``_create_param_groups_fp16_flat_cpu_memory``: one pinned bf16 buffer of each rank's trainable
+    partition, rounded up to a power of two by torch's pinned allocator, beside the per-parameter
+    partitions; LoRA's is the adapters' alone."""
+    facts = _facts("meta-llama/Llama-3.2-1B")
+    p = facts.trainable_parameters
+    knobs = ZeroKnobs(param_persistence_threshold=100_000)
+    full = _setup(zero_stage=3, offload_optimizer="cpu", offload_param="cpu", num_gpus=2, knobs=knobs)
+    host = estimate_memory(facts, full).host
+    assert host.pinned_buffers_bytes == 2 * 2 ** (2 * p // 2 - 1).bit_length()
+    without = estimate_memory(facts, full.with_(offload_param="none")).host
+    assert without.pinned_buffers_bytes == 0
