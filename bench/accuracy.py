@@ -439,7 +439,7 @@ def _nelder_mead(f: Any, x0: list[float], iters: int) -> list[float]:
 def fit_speed(cases: Sequence[SpeedCase]) -> SpeedConstants:
     """The step-time constants minimising the squared log error (Nelder-Mead in log space, so
     every constant stays positive), started from planner/constants.py and restarted twice."""
-    x = [math.log(getattr(SpeedConstants(), name)) for name in _SPEED_FIELDS]
+    x = [math.log(max(getattr(SpeedConstants(), name), 1e-12)) for name in _SPEED_FIELDS]  # log space
     for _ in range(3):
         x = _nelder_mead(lambda v: _speed_loss(v, cases), x, 1500)
     return SpeedConstants(*(math.exp(v) for v in x))
@@ -601,8 +601,9 @@ HISTORY = [
     "0.7%, worst -1.0%/+9.3%: every miss is the allocator's reserved-minus-allocated, which the slack "
     "model does not capture for those two; host RSS of the offload cases within -11.3% to +3.5% "
     "(the parameter-offload flat buffer was missing, now counted); step time median 56.5%, every "
-    "case over-estimated, by up to +94%. Since then the step-time constants (the ZeRO-3 hook cost "
-    "split into gathering and other modules) are refitted on all 35 records; the slack constants "
+    "case over-estimated, by up to +94%. Since then the ZeRO-3 hook cost is split into gathering and "
+    "other modules, the CPU optimizer's time counts every rank's partition (the ranks share the "
+    "host's cores), and the step-time constants are refitted on all 35 records; the slack constants "
     "are not, because the two-constant form fits the new records worse (refit median 8%).",
 ]
 

@@ -80,7 +80,7 @@ class StepTerms:
     micro_offload_seconds: float  # PCIe/NVMe traffic of one micro-step
     overlap: bool  # collectives and offload traffic hide behind compute
     gpu_optimizer_params: float  # parameters one GPU updates on the GPU
-    cpu_optimizer_params: float  # parameters one rank updates on the CPU
+    cpu_optimizer_params: float  # parameters all ranks update on the host's CPUs (they share its cores)
     cpu_optimizer_zero3: bool  # that CPU step runs through ZeRO-3's offload path
     step_offload_seconds: float  # PCIe and NVMe traffic of the optimizer step
     step_comm_seconds: float  # collectives at the accumulation boundary
@@ -216,7 +216,9 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         micro_offload_seconds=off_micro,
         overlap=s.knobs.overlap_comm,
         gpu_optimizer_params=0.0 if on_cpu else part,
-        cpu_optimizer_params=part if on_cpu else 0.0,
+        # every rank's DeepSpeedCPUAdam runs OpenMP threads over the same cores: the host's CPU step
+        # takes as long as updating all ranks' partitions at the host's rate
+        cpu_optimizer_params=facts.trainable_parameters if on_cpu else 0.0,
         cpu_optimizer_zero3=s.zero_stage == 3,
         step_offload_seconds=off_step,
         step_comm_seconds=_step_comm(facts, s, w),
