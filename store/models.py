@@ -76,6 +76,8 @@ class Job(Base):
         CheckConstraint("attempt >= 0", name="attempt_nonnegative"),
         Index("ix_jobs_status_priority_created", "status", "priority", "created_at"),
         Index("ix_jobs_owner_created", "owner_id", "created_at"),
+        # the per-user queued-jobs limit counts one owner's jobs in one state
+        Index("ix_jobs_owner_status", "owner_id", "status"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
