@@ -62,10 +62,36 @@ class ProcessGroup:
     def poll(self) -> int | None:
         """None while every rank runs; else the first failing exit code (0 when all succeeded)."""
         codes = [self._reap(p) for p in self.procs]
+        self.reap_orphans()
         failed = [c for c in codes if c not in (None, 0)]
         if failed:
             return failed[0]
         return None if None in codes else 0
+
+    def reap_orphans(self) -> None:
+        """Reap the group's dead processes that were re-parented to this one (a rank's own children,
+        once the rank is gone; see ``_become_subreaper``); the ranks themselves are ``_reap``'s."""
+        import psutil
+
+        own = {p.pid for p in self.procs}
+        try:
+            children = psutil.Process().children()
+        except psutil.Error:
+            return
+        for child in children:
+            if child.pid in own:
+                continue
+            with contextlib.suppress(psutil.Error, OSError):
+                if child.status() == psutil.STATUS_ZOMBIE and os.getpgid(child.pid) == self.pgid:
+                    os.waitpid(child.pid, os.WNOHANG)
+
+    def settle(self, timeout_s: float = 5.0) -> None:
+        """After the run has ended: reap its dead orphans until its process group is gone (or only
+        live members remain after ``timeout_s``, which ``terminate`` deals with)."""
+        end = time.monotonic() + timeout_s
+        while _group_exists(self.pgid) and not group_alive(self.pgid) and time.monotonic() < end:
+            self.poll()
+            time.sleep(0.02)
 
     def _reap(self, proc: subprocess.Popen[bytes]) -> int | None:
         """``poll()`` through ``wait4``, which also yields the kernel's peak RSS of the process."""
@@ -227,7 +253,26 @@ def capped(argv: list[str], settings: Settings) -> list[str]:
     return [sys.executable, "-m", "worker.rlimit", "--address-space", str(limit), "--", *argv]
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+_subreaper = False
+
+
+def _become_subreaper() -> None:
+    """Have orphans of a run's processes re-parented to this process instead of to PID 1, so that
+    ``ProcessGroup.reap_orphans`` reaps them. Where PID 1 does not reap (a container's entry point,
+    a sandbox's supervisor), they would otherwise stay in the run's process group as zombies."""
+    global _subreaper
+    if _subreaper or not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
 def _spawn(commands: list[tuple[list[str], dict[str, str]]], cwd: Path, log_path: Path) -> ProcessGroup:
+    _become_subreaper()
     procs: list[subprocess.Popen[bytes]] = []
     with log_path.open("ab") as log:
         for argv, env in commands:
@@ -258,6 +303,18 @@ def group_alive(pgid: int) -> bool:
 def terminate(group: ProcessGroup, grace_s: float) -> None:
     """SIGTERM to the whole group, SIGKILL after ``grace_s``; returns when no process remains."""
     terminate_pgid(group.pgid, grace_s, reap=group.poll)
+    group.settle()
+
+
+def _group_exists(pgid: int) -> bool:
+    """Whether any process, a zombie included, is still in group ``pgid``."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def terminate_pgid(pgid: int, grace_s: float, reap: Callable[[], object] | None = None) -> None:

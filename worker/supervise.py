@@ -160,6 +160,7 @@ class JobRun:
             if code is not None:
                 if launcher.group_alive(group.pgid):  # a rank failed; the others may hang in a collective
                     launcher.terminate(group, min(self.settings.cancel_grace_s, 5.0))
+                group.settle()
                 return Watch.EXITED
             if verdict is not None:
                 return verdict
@@ -489,6 +490,7 @@ def _brief(result: dict[str, Any]) -> dict[str, Any]:
 def eval_result(path: Path, group: launcher.ProcessGroup, job_dir: Path) -> dict[str, Any]:
     """What the evaluation wrote, or a failure made from its exit and log when it wrote nothing."""
     code = group.poll()
+    group.settle()
     try:
         result = json.loads(path.read_text())
         if isinstance(result, dict):

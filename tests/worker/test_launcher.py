@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 from store.db import session_scope
@@ -12,6 +14,8 @@ from tests.worker.factories import job_plan, job_spec, make_job, make_user
 from tunebox.settings import Settings
 from worker import launcher
 from worker.leasing import Grant
+
+REPO_ROOT = launcher.REPO_ROOT
 
 CPU2 = Grant(gpu_ids=(1, 2), indices=(0, 1), uuids=("cpu-0", "cpu-1"), exclusive=True)
 CUDA = Grant(gpu_ids=(7,), indices=(3,), uuids=("GPU-abc",), exclusive=True)
@@ -95,3 +99,39 @@ def test_deepspeed_launcher_runs_the_training_in_the_runs_group(db_url, tmp_path
     pid, pgid, rank = _lines(directory / "pids.txt")[0].split()
     assert (int(pgid), rank) == (group.pgid, "0") and int(pid) != group.pgid
     assert '"type": "done"' in (directory / "progress.jsonl").read_text()
+
+
+ORPHAN_PROBE = r"""
+import json, os, subprocess, sys, time
+from pathlib import Path
+import psutil
+from worker import launcher
+
+work = Path(sys.argv[1])
+# the rank starts a child that outlives it, then exits at once
+rank = ("import subprocess, sys; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1.5)']); "
+        "print(p.pid, flush=True)")
+group = launcher._spawn([([sys.executable, "-c", rank], dict(os.environ))], work, work / "log")
+deadline = time.monotonic() + 20
+while group.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+orphan = int((work / "log").read_text().split()[0])
+parent = psutil.Process(orphan).ppid() if psutil.pid_exists(orphan) else None
+while psutil.pid_exists(orphan) and time.monotonic() < deadline:
+    group.poll()
+    time.sleep(0.05)
+print(json.dumps({"me": os.getpid(), "orphan_parent": parent, "gone": not psutil.pid_exists(orphan),
+                  "group_gone": not launcher.group_alive(group.pgid)}))
+"""
+
+
+def test_a_ranks_orphans_are_reparented_to_the_worker_and_reaped_there(tmp_path):
+    # where PID 1 does not reap (a container's entry point), an orphan would otherwise stay a zombie
+    # in the run's process group; its own process, so the test runner does not become a subreaper
+    out = subprocess.run([sys.executable, "-c", ORPHAN_PROBE, str(tmp_path)], cwd=REPO_ROOT, text=True,
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    assert probe["orphan_parent"] == probe["me"]
+    assert probe["gone"] and probe["group_gone"]
