@@ -303,8 +303,9 @@ def main() -> int:
                     "exit_code": code, "steady_tokens_per_second": steady_tokens_per_second(lines),
                     "steady_steps_per_second": steady_steps_per_second(lines),
                     "nvml_peak_bytes": max((ln.get("nvml_peak_bytes") or 0 for ln in lines), default=None)})
-    for key in ids:
-        report[key]["overhead"] = overhead(report[key])
+                report[key]["overhead"] = overhead(report[key])
+                # after every hand run: a time limit that stops the next one keeps this one's figures
+                args.out.write_text(json.dumps(report, indent=1, default=str))
     report["total_seconds"] = round(time.monotonic() - t0, 1)
     args.out.write_text(json.dumps(report, indent=1, default=str))
     for key in ids:
