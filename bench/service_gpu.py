@@ -314,7 +314,7 @@ def main() -> int:
         print(f"{key}: {job['status']} planned {job['planned_peak_gpu_bytes']} measured "
               f"{job['progress'].get('measured_peak_gpu_bytes')} nvml {r['nvml_peak_bytes']} "
               f"tok/s {r['steady_tokens_per_second']} steps/s {r['steady_steps_per_second']} "
-              f"overhead {r['overhead']}")
+              f"overhead {r.get('overhead')}")
     return 0
 
 
