@@ -290,14 +290,8 @@ def _spawn(commands: list[tuple[list[str], dict[str, str]]], cwd: Path, log_path
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether a live process of the group remains (a zombie waiting for init to reap it is not one)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _only_zombies(pgid)
+    """Whether a live process of the group remains (a zombie waiting to be reaped is not one)."""
+    return _group_exists(pgid) and not _only_zombies(pgid)
 
 
 def terminate(group: ProcessGroup, grace_s: float) -> None:
