@@ -126,6 +126,10 @@ class ProgressRecorder:
             self.started = record
         elif kind == "progress":
             self._pending = record
+            if not self._last_write:
+                # the first step is written at once, even when a whole run arrives in one read:
+                # the loss curve always starts where the run started
+                self.flush(force=True)
         elif kind == "checkpoint":
             self._record_checkpoint(record, final=False)
             self.checkpoints.append(record)
