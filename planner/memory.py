@@ -360,8 +360,6 @@ def _sub_groups(facts: ModelFacts, n: int, size: int) -> tuple[int, ...]:
     layer = [t.numel for t in facts.layer_tensors if t.trainable]
     order = top[:1] + layer * facts.arch.num_layers + top[1:]
     parts = [-(-numel // n) for numel in order]
-    if size >= sum(parts):
-        return (sum(parts),)
     groups: list[int] = []
     acc = 0
     for numel in parts:
