@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
@@ -117,11 +117,18 @@ def _token(credentials: HTTPAuthorizationCredentials | None) -> str:
     return credentials.credentials
 
 
-def _known(request: Request, token: str, principal: Principal | None) -> Principal:
+async def _caller(request: Request, credentials: HTTPAuthorizationCredentials | None,
+                  look_up: Callable[[str], Awaitable[Principal | None]]) -> Principal:
+    """The bearer token's principal: from the token cache, else ``look_up`` (then cached)."""
+    token = _token(credentials)
+    cache: TokenCache = request.app.state.token_cache
+    principal = cache.get(token)
     if principal is None:
-        raise Unauthorized("the token is unknown or revoked",
-                           headers={"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'})
-    request.app.state.token_cache.put(token, principal)
+        principal = await look_up(token)
+        if principal is None:
+            raise Unauthorized("the token is unknown or revoked",
+                               headers={"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'})
+        cache.put(token, principal)
     return principal
 
 
@@ -129,24 +136,14 @@ async def get_principal(
     request: Request, session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    token = _token(credentials)
-    cache: TokenCache = request.app.state.token_cache
-    principal = cache.get(token)
-    if principal is None:
-        principal = _known(request, token, await run_in_threadpool(lookup, session, token))
-    return principal
+    return await _caller(request, credentials, lambda token: run_in_threadpool(lookup, session, token))
 
 
 async def get_reader(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     """The caller, for read-only handlers that take no request session (see :func:`read_with`)."""
-    token = _token(credentials)
-    cache: TokenCache = request.app.state.token_cache
-    principal = cache.get(token)
-    if principal is None:
-        principal = _known(request, token, await read_with(request, lookup, token))
-    return principal
+    return await _caller(request, credentials, lambda token: read_with(request, lookup, token))
 
 
 async def read_with(request: Request, fn: Callable[Concatenate[Session, P], T], *args: P.args,
