@@ -62,7 +62,8 @@ class ProcessGroup:
     def poll(self) -> int | None:
         """None while every rank runs; else the first failing exit code (0 when all succeeded)."""
         codes = [self._reap(p) for p in self.procs]
-        self.reap_orphans()
+        if any(c is not None for c in codes):  # a process is orphaned only once its rank is gone
+            self.reap_orphans()
         failed = [c for c in codes if c not in (None, 0)]
         if failed:
             return failed[0]
