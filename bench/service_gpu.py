@@ -162,6 +162,13 @@ def wait_jobs(client: httpx.Client, ids: list[str], timeout: float) -> dict[str,
         time.sleep(2)
 
 
+def run_figures(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """What one run's progress file says: its NVML peak and its steady rates."""
+    return {"nvml_peak_bytes": max((ln.get("nvml_peak_bytes") or 0 for ln in lines), default=None),
+            "steady_tokens_per_second": steady_tokens_per_second(lines),
+            "steady_steps_per_second": steady_steps_per_second(lines)}
+
+
 def collect(client: httpx.Client, job: dict[str, Any], data_dir: Path) -> dict[str, Any]:
     jid = job["id"]
     events = client.get(f"/v1/jobs/{jid}/events", params={"limit": 1000}).json()["items"]
@@ -171,10 +178,8 @@ def collect(client: httpx.Client, job: dict[str, Any], data_dir: Path) -> dict[s
         "job": job,
         "status_history": [(e["created_at"], e["data"]["to"]) for e in events if e["kind"] == "status"],
         "loss_curve": [(p["step"], p["loss"]) for p in sorted(points, key=lambda p: p["step"])],
-        "nvml_peak_bytes": max((ln.get("nvml_peak_bytes") or 0 for ln in lines), default=None),
         "torch_peak_reserved_bytes": max((ln.get("peak_gpu_bytes") or 0 for ln in lines), default=None),
-        "steady_tokens_per_second": steady_tokens_per_second(lines),
-        "steady_steps_per_second": steady_steps_per_second(lines),
+        **run_figures(lines),
     }
 
 
@@ -298,11 +303,7 @@ def main() -> int:
                      for gpu, key in enumerate(batch)}
             for key, (proc, dest) in hands.items():
                 code = proc.wait(timeout=args.timeout)
-                lines = progress_lines(dest)
-                report[key]["hand_runs"].append({
-                    "exit_code": code, "steady_tokens_per_second": steady_tokens_per_second(lines),
-                    "steady_steps_per_second": steady_steps_per_second(lines),
-                    "nvml_peak_bytes": max((ln.get("nvml_peak_bytes") or 0 for ln in lines), default=None)})
+                report[key]["hand_runs"].append({"exit_code": code, **run_figures(progress_lines(dest))})
                 report[key]["overhead"] = overhead(report[key])
                 # after every hand run: a time limit that stops the next one keeps this one's figures
                 args.out.write_text(json.dumps(report, indent=1, default=str))
