@@ -144,11 +144,11 @@ class ProgressRecorder:
         if not force and time.monotonic() - self._last_write < self.interval_s:
             return
         record = self._pending
-        self._last_write = time.monotonic()
         with session_scope(self.db_url) as s:
             s.execute(update(Job).where(Job.id == self.job_id).values(**self._job_fields(record))
                       .execution_options(synchronize_session=False))
             _upsert_metric(s, self.job_id, "train", record, self.peaks)
+        self._last_write = time.monotonic()  # only once written: a failed first write is retried as one
         if self._pending is record:
             self._pending = None
 

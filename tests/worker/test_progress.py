@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from store.db import session_scope
 from store.models import Job, MetricPoint
@@ -40,5 +42,26 @@ def test_later_steps_wait_for_the_interval(db_url):
     recorder.handle([_progress(1)])
     recorder.handle([_progress(2), _progress(3)])
     assert _steps(db_url, job_id) == [1]  # within the interval: held back
+    recorder.flush(force=True)
+    assert _steps(db_url, job_id) == [1, 3]
+
+
+def test_a_first_step_lost_to_a_database_error_is_written_on_the_next_read(db_url, monkeypatch):
+    import worker.progress as progress
+
+    with session_scope(db_url) as s:
+        job_id = make_job(s, make_user(s)).id
+    recorder = ProgressRecorder(db_url, job_id, interval_s=3600)
+    real = progress.session_scope
+
+    def down(url):
+        raise OperationalError("UPDATE jobs", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(progress, "session_scope", down)
+    with pytest.raises(OperationalError):
+        recorder.handle([_progress(1), _progress(2)])
+    monkeypatch.setattr(progress, "session_scope", real)
+    recorder.handle([_progress(3)])  # the database is back
+    assert _steps(db_url, job_id) == [1]
     recorder.flush(force=True)
     assert _steps(db_url, job_id) == [1, 3]
