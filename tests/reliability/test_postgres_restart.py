@@ -131,9 +131,10 @@ def test_postgres_restart_answers_503_then_recovers_with_no_half_written_job(
     for t in threads:
         t.start()
     time.sleep(2.0)
+    cluster.stop("fast")  # returns once the server is down (pg_ctl -w): the outage starts here
     down_at = time.monotonic()
-    cluster.stop("fast")
     time.sleep(OUTAGE_S)
+    restart_at = time.monotonic()  # the server accepts connections before pg_ctl -w start returns
     cluster.start()
     up_at = time.monotonic()
     time.sleep(RECOVERY_S + 4.0)
@@ -145,7 +146,7 @@ def test_postgres_restart_answers_503_then_recovers_with_no_half_written_job(
     assert not seen.errors, seen.errors[:5]  # the API itself stayed up and answered every request
     statuses = {status for _, _, status, _, _ in seen.responses}
     assert statuses <= {200, 201, 409, 503}, statuses
-    outage = [r for r in seen.responses if down_at + 0.5 < r[0] < up_at]
+    outage = [r for r in seen.responses if down_at + 0.5 < r[0] < restart_at]
     assert outage and all(status == 503 for _, _, status, _, _ in outage), {r[2] for r in outage}
     for _, _, status, ctype, body in seen.responses:
         if status >= 400:
