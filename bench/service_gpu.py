@@ -223,14 +223,18 @@ def main() -> int:
     ap.add_argument("--sequential", action="store_true",
                     help="one job at a time, in the service and by hand: the ratio then measures the "
                     "service, not how the two jobs' phases happened to overlap")
+    ap.add_argument("--jobs", default="lora,full", help="which of the two jobs to run: lora, full or both")
     ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU: a smoke test of this script")
     args = ap.parse_args()
+    wanted = {j.strip() for j in args.jobs.split(",") if j.strip()}
+    if not wanted or not wanted <= {"lora", "full"}:
+        ap.error("--jobs takes lora, full or lora,full")
     device = "cpu" if args.tiny else "cuda"
     t0 = time.monotonic()
     work = args.work
     models, datasets, data_dir = work / "models", work / "data", work / "tunebox"
-    m15 = build_model("qwen2.5-1.5b", models / "qwen2.5-1.5b-random", device)
-    m05 = build_model("qwen2.5-0.5b", models / "qwen2.5-0.5b-random", device)
+    m15 = build_model("qwen2.5-1.5b", models / "qwen2.5-1.5b-random", device) if "lora" in wanted else None
+    m05 = build_model("qwen2.5-0.5b", models / "qwen2.5-0.5b-random", device) if "full" in wanted else None
     data = build_dataset(datasets / "pattern.jsonl", rows=args.steps * args.micro_batch * 2,
                          words=args.seq_len)
     report: dict[str, Any] = {"setup_seconds": round(time.monotonic() - t0, 1), "sequential": args.sequential,
@@ -264,11 +268,14 @@ def main() -> int:
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        specs = {"lora_1.5b_z3_offload": job_spec("lora-1.5b-z3-offload", m15, data, "lora", "cpu",
-                                                  args.steps, args.seq_len, args.micro_batch),
-                 "full_0.5b_z3": job_spec("full-0.5b-z3", m05, data, "full",
-                                          "cpu" if args.tiny else "none", args.steps,
-                                          args.seq_len, args.micro_batch)}
+        specs = {}
+        if m15 is not None:
+            specs["lora_1.5b_z3_offload"] = job_spec("lora-1.5b-z3-offload", m15, data, "lora", "cpu",
+                                                     args.steps, args.seq_len, args.micro_batch)
+        if m05 is not None:
+            offload = "cpu" if args.tiny else "none"
+            specs["full_0.5b_z3"] = job_spec("full-0.5b-z3", m05, data, "full", offload, args.steps,
+                                             args.seq_len, args.micro_batch)
         ids: dict[str, str] = {}
         for key, body in specs.items():
             resp = client.post("/v1/jobs", json=body)
