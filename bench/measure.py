@@ -271,6 +271,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ALLOC_TRACE_ENV = "TUNEBOX_BENCH_ALLOC_TRACE"
+
+
 def _child_env(rank: int, world: int, port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(MULTICAST_OFF)
@@ -522,7 +525,17 @@ def env_info(gpus: Gpus, versions: dict[str, Any]) -> dict[str, Any]:
             "peft": versions.get("peft"), "host_memory_bytes": _host_memory_bytes(),
             "driver": gpus.driver, "python": sys.version.split()[0],
             "accelerator": versions.get("accelerator"),
-            "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
+            "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            "cpu_model": _cpu_model(), "cpu_count": os.cpu_count()}
+
+
+def _cpu_model() -> str | None:
+    """The host CPU's model name: ZeRO-3's host clock and the CPU optimizer run at its speed."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
 
 
 # --------------------------------------------------------------------------- parent: main
@@ -603,6 +616,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=None, help="where per-case logs go (default: a temp dir)")
     p.add_argument("--logs-archive", type=Path, default=None,
                    help="also pack every case's logs into this .tar.gz at the end")
+    p.add_argument("--alloc-trace", action="store_true",
+                   help="record the caching allocator's history and write each rank's segment growth "
+                   "(alloc-trace-rankN.json beside its log); the recording slows the steps and grows "
+                   "host memory, so such records are diagnostics, not accuracy records. With torch "
+                   "2.11 and DeepSpeed 0.19.8 a ZeRO-3 run fails in its first step with the "
+                   "recording on; the trace up to there is still written")
     return p.parse_args(argv)
 
 
@@ -633,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(todo)} cases to run ({len(chosen) - len(todo)} already recorded) -> {out}", flush=True)
     if not todo:
         return 0
+    if args.alloc_trace:
+        os.environ[ALLOC_TRACE_ENV] = "1"  # inherited by every rank
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="tunebox-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     budget = args.budget_seconds if args.budget_seconds is not None else float("inf")
@@ -799,6 +820,9 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local_rank)
+        if os.environ.get(ALLOC_TRACE_ENV):
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+            result["alloc_trace"] = True
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     peaks = _Peaks(torch, cuda)
     result["peaks"] = peaks
@@ -909,9 +933,61 @@ def child_main(case_file: Path, rank: int, result_path: Path) -> int:
     os._exit(0 if result["status"] == "ok" else 3)
 
 
+def alloc_trace_summary(snapshot: dict[str, Any], device: int, frames: int = 8) -> dict[str, Any]:
+    """The caching allocator's history on one device, reduced to what explains reserved minus
+    allocated: every segment it reserved (size, the allocated total just before, the request that
+    caused it and where it came from), the moment reserved peaked, and each segment's free blocks
+    at the end."""
+    events = snapshot.get("device_traces", [[]])[device]
+    allocated = reserved = 0
+    peak_alloc = peak_res = 0
+    at_peak_res: dict[str, int] = {}
+    grows: list[dict[str, Any]] = []
+    for i, ev in enumerate(events):
+        action, size = ev.get("action"), int(ev.get("size", 0))
+        if action == "alloc":
+            allocated += size
+            peak_alloc = max(peak_alloc, allocated)
+        elif action == "free_completed":
+            allocated -= size
+        elif action == "segment_alloc":
+            reserved += size
+            where = [f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in ev.get("frames", [])
+                     if "torch/" not in f["filename"] or "torch/nn/modules" in f["filename"]][:frames]
+            grows.append({"event": i, "segment_bytes": size, "allocated_before": allocated,
+                          "reserved_after": reserved, "where": where})
+        elif action == "segment_free":
+            reserved -= size
+        if reserved > peak_res:
+            peak_res = reserved
+            at_peak_res = {"event": i, "reserved": reserved, "allocated": allocated}
+    segments = []
+    for seg in snapshot.get("segments", []):
+        if seg.get("device") != device:
+            continue
+        free = sorted((int(b["size"]) for b in seg.get("blocks", []) if b.get("state") == "inactive"),
+                      reverse=True)
+        segments.append({"total_bytes": int(seg["total_size"]), "allocated_bytes": int(seg["allocated_size"]),
+                         "free_blocks": free[:8], "free_bytes": sum(free)})
+    return {"events": len(events), "peak_allocated": peak_alloc, "peak_reserved": peak_res,
+            "at_peak_reserved": at_peak_res, "segment_allocs": grows,
+            "segments_at_end": sorted(segments, key=lambda s: -s["total_bytes"])}
+
+
+def _write_alloc_trace(result_path: Path) -> None:
+    import torch
+
+    dev = torch.cuda.current_device()
+    summary = alloc_trace_summary(torch.cuda.memory._snapshot(), dev)
+    (result_path.parent / f"alloc-trace-{result_path.stem}.json").write_text(json.dumps(summary))
+
+
 def _finish(result: dict[str, Any], result_path: Path) -> None:
     import resource
 
+    if result.get("alloc_trace"):
+        with contextlib.suppress(Exception):
+            _write_alloc_trace(result_path)
     peaks = result.pop("peaks", None)
     if peaks is not None:
         with contextlib.suppress(Exception):
