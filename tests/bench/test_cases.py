@@ -7,7 +7,16 @@ import re
 import pytest
 
 import planner
-from bench.cases import CASES, HELDOUT_CASES, MATRICES, MODELS, Case, make_case, param_count
+from bench.cases import (
+    CASES,
+    HELDOUT3_CASES,
+    HELDOUT_CASES,
+    MATRICES,
+    MODELS,
+    Case,
+    make_case,
+    param_count,
+)
 from planner.spec import JobSpec
 
 NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora)\|z(?P<stage>[0-3])\|"
@@ -15,7 +24,7 @@ NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora)\|z(?P<stage>
                   r"mb(?P<mb>\d+)\|g(?P<ga>\d+)(\|gpus(?P<gpus>\d+))?$")
 
 
-@pytest.mark.parametrize("case", CASES + HELDOUT_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + HELDOUT_CASES + HELDOUT3_CASES, ids=lambda c: c.name)
 def test_case_is_a_valid_job_spec(case: Case) -> None:
     spec = JobSpec.model_validate(case.spec)
     assert spec.model.config is not None
@@ -23,7 +32,7 @@ def test_case_is_a_valid_job_spec(case: Case) -> None:
     assert case.est_seconds > 0
 
 
-@pytest.mark.parametrize("case", CASES + HELDOUT_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + HELDOUT_CASES + HELDOUT3_CASES, ids=lambda c: c.name)
 def test_name_says_what_the_case_runs(case: Case) -> None:
     m = NAME.match(case.name)
     assert m, case.name
@@ -51,7 +60,7 @@ def test_matrix_spans_the_space() -> None:
         "ckpt": {c.spec["training"]["gradient_checkpointing"] for c in CASES},
         "gpus": {c.num_gpus for c in CASES},
     }
-    heldout_only = {"llama-3.2-3b", "mistral-7b-v0.3", "phi-3-mini", "gemma-2-2b"}
+    heldout_only = {"llama-3.2-3b", "mistral-7b-v0.3", "phi-3-mini", "gemma-2-2b", "llama-3.1-8b"}
     assert spans["model"] == set(MODELS) - heldout_only
     assert spans["method"] == {"full", "lora"}
     assert spans["stage"] == {0, 2, 3}
@@ -109,7 +118,7 @@ def test_parameter_offload_without_zero3_is_refused() -> None:
 
 
 def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
-    assert MATRICES == {"main": CASES, "heldout": HELDOUT_CASES}
+    assert MATRICES == {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
     families = {c.spec["model"]["config"]["model_type"] for c in HELDOUT_CASES}
@@ -117,4 +126,16 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
     assert 1 in {c.spec["resources"]["zero_stage"] for c in HELDOUT_CASES}
     assert max(c.spec["training"]["seq_len"] for c in HELDOUT_CASES) == 8192
     for c in HELDOUT_CASES:  # each one is planned to fit the GPU it will run on
+        assert planner.plan(c.spec).fits, c.name
+
+
+def test_third_heldout_matrix_repeats_no_measured_configuration() -> None:
+    seen = {c.name for c in CASES} | {c.name for c in HELDOUT_CASES}
+    names = [c.name for c in HELDOUT3_CASES]
+    assert len(set(names)) == len(names) and not seen & set(names)
+    two_gpu = [c for c in HELDOUT3_CASES if c.num_gpus == 2]
+    # the shapes the second held-out set missed: accumulation and parameter offload on two GPUs
+    assert any(c.spec["training"]["gradient_accumulation_steps"] > 1 for c in two_gpu)
+    assert any(c.spec["resources"]["offload_param"] == "cpu" for c in two_gpu)
+    for c in HELDOUT3_CASES:
         assert planner.plan(c.spec).fits, c.name
