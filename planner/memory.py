@@ -483,7 +483,7 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     forward_backward = resident + gathered + max(at_loss, _at_head_backward(facts, s, w, acts), in_backward)
     step = resident + grads.step + bufs.step
     allocated = max(forward_backward, step)
-    slack = _allocator_slack(facts, s, w)
+    slack = _allocator_slack(facts, s, w, gathered)
     context = C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0)
     host, nvme = _host(facts, s, w)
     return MemoryEstimate(
@@ -517,13 +517,15 @@ def _at_head_backward(facts: ModelFacts, s: Setup, w: int, acts: ActivationEstim
     return acts.kept_at_loss_bytes + logits_grads + head
 
 
-def _allocator_slack(facts: ModelFacts, s: Setup, w: int) -> float:
+def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:
     """Reserved minus allocated at the reserved peak: the allocator's fixed part, the cached
-    gradient-sized blocks of the largest trainable tensor, and ZeRO-1/2's freed reduce buckets
-    when the step cannot reuse them (see constants.py)."""
+    gradient-sized blocks of the largest trainable tensor, the freed buffers of ZeRO-3's parameter
+    fetches (only where parameters are fetched: several GPUs or parameter offload), and ZeRO-1/2's
+    freed reduce buckets when the step cannot reuse them (see constants.py)."""
     return (
         C.ALLOCATOR_SLACK_BYTES
         + C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS * _FP32 * _largest_trainable(facts)
+        + C.ALLOCATOR_GATHERED_BLOCKS * gathered
         + _stranded_buckets(facts, s, w)
     )
 

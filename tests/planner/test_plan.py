@@ -199,7 +199,7 @@ def test_explicit_config_that_does_not_fit_says_so_and_offers_the_cheapest_fix()
         training={
             "micro_batch_size": 4,
             "gradient_accumulation_steps": 2,
-            "seq_len": 2048,
+            "seq_len": 4096,
             "gradient_checkpointing": False,
         },
         resources={"num_gpus": 2, "zero_stage": 2, "offload_optimizer": "none", "offload_param": "none"},
