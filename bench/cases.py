@@ -420,10 +420,22 @@ def _heldout3() -> list[Case]:
     ]
 
 
+def _heldout4() -> list[Case]:
+    """Two unseen configurations for the three-term allocator slack: ZeRO-3 on two GPUs with
+    accumulation (Qwen2.5-3B full) and without (Mistral 7B LoRA)."""
+    h = "heldout4"
+    return [
+        make_case("qwen2.5-3b", "full", 3, "none", True, 1024, 2, 2, gpus=2, group=h),
+        make_case("mistral-7b-v0.3", "lora", 3, "none", True, 2048, 1, 2, gpus=2, group=h),
+    ]
+
+
 CASES: list[Case] = _core() + _rest()
 HELDOUT_CASES: list[Case] = _heldout()
 HELDOUT3_CASES: list[Case] = _heldout3()
-MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES}
+HELDOUT4_CASES: list[Case] = _heldout4()
+MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
+                                   "heldout4": HELDOUT4_CASES}
 
 
 def by_name() -> dict[str, Case]:

@@ -10,6 +10,7 @@ import planner
 from bench.cases import (
     CASES,
     HELDOUT3_CASES,
+    HELDOUT4_CASES,
     HELDOUT_CASES,
     MATRICES,
     MODELS,
@@ -23,8 +24,10 @@ NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora)\|z(?P<stage>
                   r"off=(?P<off>none|opt|opt\+param)\|(?P<ckpt>ckpt|nockpt)\|s(?P<seq>\d+)\|"
                   r"mb(?P<mb>\d+)\|g(?P<ga>\d+)(\|gpus(?P<gpus>\d+))?$")
 
+ALL_CASES = CASES + HELDOUT_CASES + HELDOUT3_CASES + HELDOUT4_CASES
 
-@pytest.mark.parametrize("case", CASES + HELDOUT_CASES + HELDOUT3_CASES, ids=lambda c: c.name)
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.name)
 def test_case_is_a_valid_job_spec(case: Case) -> None:
     spec = JobSpec.model_validate(case.spec)
     assert spec.model.config is not None
@@ -32,7 +35,7 @@ def test_case_is_a_valid_job_spec(case: Case) -> None:
     assert case.est_seconds > 0
 
 
-@pytest.mark.parametrize("case", CASES + HELDOUT_CASES + HELDOUT3_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.name)
 def test_name_says_what_the_case_runs(case: Case) -> None:
     m = NAME.match(case.name)
     assert m, case.name
@@ -118,7 +121,8 @@ def test_parameter_offload_without_zero3_is_refused() -> None:
 
 
 def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
-    assert MATRICES == {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES}
+    assert MATRICES == {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
+                        "heldout4": HELDOUT4_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
     families = {c.spec["model"]["config"]["model_type"] for c in HELDOUT_CASES}
@@ -129,13 +133,15 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
         assert planner.plan(c.spec).fits, c.name
 
 
-def test_third_heldout_matrix_repeats_no_measured_configuration() -> None:
+def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
     seen = {c.name for c in CASES} | {c.name for c in HELDOUT_CASES}
-    names = [c.name for c in HELDOUT3_CASES]
-    assert len(set(names)) == len(names) and not seen & set(names)
+    for later in (HELDOUT3_CASES, HELDOUT4_CASES):
+        names = [c.name for c in later]
+        assert len(set(names)) == len(names) and not seen & set(names)
+        seen |= set(names)
+        for c in later:
+            assert planner.plan(c.spec).fits, c.name
     two_gpu = [c for c in HELDOUT3_CASES if c.num_gpus == 2]
     # the shapes the second held-out set missed: accumulation and parameter offload on two GPUs
     assert any(c.spec["training"]["gradient_accumulation_steps"] > 1 for c in two_gpu)
     assert any(c.spec["resources"]["offload_param"] == "cpu" for c in two_gpu)
-    for c in HELDOUT3_CASES:
-        assert planner.plan(c.spec).fits, c.name
