@@ -508,11 +508,38 @@ def speed_cross_validation(rows: Sequence[Row]) -> list[str]:
             "- step time, leave-one-file-out (each results file predicted by constants fitted on the "
             f"other files): {_stats(by_file)}"
         )
+    pairs = box_factor_errors(rows)
+    if pairs:
+        plain, learned = [e for e, _ in pairs], [e for _, e in pairs]
+        lines.append(
+            "- step time with the box's factor (hardware.step_time_factor: the median measured/planned "
+            "ratio of the other records of the same results file, at least three, as the service "
+            f"learns it from the box's finished jobs): {_stats(learned)}; within ±25%: "
+            f"{sum(abs(e) <= 0.25 for e in learned)} of {len(learned)}, against "
+            f"{sum(abs(e) <= 0.25 for e in plain)} without the factor ({_stats(plain)})"
+        )
     worst = sorted(zip(loo, cases, strict=True), key=lambda ec: -abs(ec[0]))[:4]
     lines.append(
         "- largest leave-one-out errors: " + ", ".join(f"{c.case} {e * 100:+.0f}%" for e, c in worst)
     )
     return lines
+
+
+def box_factor_errors(rows: Sequence[Row]) -> list[tuple[float, float]]:
+    """(error without, error with) the box's step-time factor for each record whose results file
+    (one device session, one box) has at least three other records to learn the factor from."""
+    by_source: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        measured = r.measured("step_seconds")
+        if r.status == "ok" and r.plan is not None and measured:
+            by_source.setdefault(r.source, []).append((r.plan.estimated_step_seconds, measured))
+    errors = []
+    for pairs in by_source.values():
+        for i, (planned, measured) in enumerate(pairs):
+            others = [m / p for j, (p, m) in enumerate(pairs) if j != i]
+            if len(others) >= 3:
+                errors.append((planned / measured - 1, planned * statistics.median(others) / measured - 1))
+    return errors
 
 
 def _environment(records: Sequence[dict[str, Any]]) -> list[str]:

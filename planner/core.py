@@ -154,6 +154,7 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
     rates = GpuRates(
         flops=hw.gpu_bf16_tflops * 1e12 if hw.gpu_bf16_tflops else C.DEFAULT_GPU_FLOPS,
         pcie_bytes_per_s=hw.pcie_gbps * 1e9 if hw.pcie_gbps else C.PCIE_BYTES_PER_S,
+        step_time_factor=hw.step_time_factor or 1.0,
     )
     return Prepared(spec, arch, facts, source, _fp32_dtype_field(config, where), pinned, bounds, rates, hw)
 
@@ -471,6 +472,7 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
         eval=_eval(p, e),
         estimated_step_seconds=round(chosen.speed.step_seconds, 6),
         estimated_tokens_per_second=round(chosen.speed.tokens_per_second, 3),
+        step_time_factor=p.rates.step_time_factor,
         estimated_steps=steps,
         estimated_duration_seconds=round(steps * chosen.speed.step_seconds, 3) if steps is not None else None,
         deepspeed_config=ds,

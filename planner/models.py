@@ -150,6 +150,8 @@ class Plan(_Out):
     eval: EvalEstimate
     estimated_step_seconds: float
     estimated_tokens_per_second: float
+    #: The box's measured/planned step-time ratio the speed figures include (hardware.step_time_factor).
+    step_time_factor: float = 1.0
     estimated_steps: int | None
     estimated_duration_seconds: float | None
     deepspeed_config: dict[str, Any]

@@ -139,6 +139,9 @@ class HardwareSpec(_Strict):
     gpu_bf16_tflops: Annotated[float, Field(gt=0, le=100_000)] | None = None
     pcie_gbps: Annotated[float, Field(gt=0, le=10_000)] | None = None
     nvme_path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    #: Measured over planned step time on this box, learned from its finished jobs; multiplies every
+    #: step-time figure of the plan. The service fills it in for its own box.
+    step_time_factor: Annotated[float, Field(ge=0.01, le=1000)] | None = None
 
 
 class EvalSpec(_Strict):

@@ -40,6 +40,10 @@ __all__ = [
 class GpuRates:
     flops: float = C.DEFAULT_GPU_FLOPS
     pcie_bytes_per_s: float = C.PCIE_BYTES_PER_S
+    #: This box's measured over planned step time, learned from its finished jobs (1: none yet).
+    #: The host clock (Python hooks, launches, the CPU optimizer) runs at the host CPU's speed,
+    #: which differs from box to box; the factor scales every part of the step alike.
+    step_time_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,13 +261,14 @@ def estimate_speed(facts: ModelFacts, s: Setup, rates: GpuRates) -> SpeedEstimat
     t = step_terms(facts, s, rates)
     k = _CONSTANTS
     compute, _, cpu_opt = _parts(t, k)
-    step = step_seconds(t, k)
+    f = rates.step_time_factor
+    step = f * step_seconds(t, k)
     accum = t.accumulation
     return SpeedEstimate(
         step_seconds=step,
         tokens_per_second=t.tokens_per_step / step,
-        compute_seconds=accum * compute,
-        communication_seconds=accum * t.micro_comm_seconds + t.step_comm_seconds,
-        offload_seconds=accum * t.micro_offload_seconds + t.step_offload_seconds + cpu_opt,
+        compute_seconds=f * accum * compute,
+        communication_seconds=f * (accum * t.micro_comm_seconds + t.step_comm_seconds),
+        offload_seconds=f * (accum * t.micro_offload_seconds + t.step_offload_seconds + cpu_opt),
         flops_per_step=t.flops_per_micro * accum,
     )

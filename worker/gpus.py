@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import statistics
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,8 @@ from sqlalchemy import select
 
 from planner.spec import HardwareSpec
 from store.base import utcnow
-from store.models import Gpu, GpuLease
+from store.models import Gpu, GpuLease, Job
+from store.states import JobStatus
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -217,7 +219,37 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
                          "and TUNEBOX_GPU_MEMORY_BYTES to let the CPU stand in")
     return HardwareSpec(gpu_count=count, gpu_memory_bytes=memory,
                         host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes,
-                        nvme_path=str(settings.nvme_path) if settings.nvme_path else None)
+                        nvme_path=str(settings.nvme_path) if settings.nvme_path else None,
+                        step_time_factor=learned_step_time_factor(session))
+
+
+#: How many of the latest succeeded jobs the box's step-time factor is learned from, and the
+#: fewest it needs: one job's rate says little (its last steps, a checkpoint, a neighbour's load).
+STEP_TIME_JOBS = 20
+STEP_TIME_MIN_JOBS = 3
+STEP_TIME_FACTOR_BOUNDS = (0.1, 100.0)
+
+
+def learned_step_time_factor(session: Session) -> float | None:
+    """Measured over planned step time on this box: the median over its latest succeeded jobs of
+    planned tokens/s over measured tokens/s, each times the factor its own plan already carried.
+    None until enough jobs have finished."""
+    rows = session.execute(
+        select(Job.plan, Job.tokens_per_second)
+        .where(Job.status == JobStatus.SUCCEEDED, Job.tokens_per_second > 0)
+        .order_by(Job.finished_at.desc())
+        .limit(STEP_TIME_JOBS)
+    ).all()
+    ratios = []
+    for plan, measured in rows:
+        planned = (plan or {}).get("estimated_tokens_per_second")
+        if isinstance(planned, int | float) and planned > 0:
+            ratios.append(planned * float((plan or {}).get("step_time_factor") or 1.0) / measured)
+    if len(ratios) < STEP_TIME_MIN_JOBS:
+        return None
+    low, high = STEP_TIME_FACTOR_BOUNDS
+    factor: float = statistics.median(ratios)
+    return round(min(high, max(low, factor)), 4)
 
 
 def _table_box(session: Session) -> tuple[int, int]:

@@ -30,6 +30,7 @@ def test_plan_json_has_the_contract_fields() -> None:
         "eval",
         "estimated_step_seconds",
         "estimated_tokens_per_second",
+        "step_time_factor",
         "estimated_duration_seconds",
         "deepspeed_config",
         "alternatives",
@@ -304,3 +305,23 @@ def test_importing_the_planner_imports_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_box_step_time_factor_scales_every_speed_figure_and_nothing_else() -> None:
+    spec = job(
+        dataset={"path": "/data/x.jsonl", "num_rows": 10_000, "eval_fraction": 0.0},
+        resources={"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "none"},
+    )
+    plain = plan(spec)
+    slow = plan({**spec, "hardware": {**spec["hardware"], "step_time_factor": 1.5}})
+    assert plain.step_time_factor == 1.0 and slow.step_time_factor == 1.5
+    assert slow.estimated_step_seconds == pytest.approx(1.5 * plain.estimated_step_seconds, rel=1e-5)
+    assert slow.estimated_tokens_per_second == pytest.approx(
+        plain.estimated_tokens_per_second / 1.5, rel=1e-5)
+    assert slow.estimated_duration_seconds == pytest.approx(1.5 * plain.estimated_duration_seconds, rel=1e-5)
+    assert [a.estimated_step_seconds for a in slow.alternatives] == pytest.approx(
+        [1.5 * a.estimated_step_seconds for a in plain.alternatives], rel=1e-5)
+    assert slow.per_gpu == plain.per_gpu and slow.host == plain.host and slow.resolved == plain.resolved
+    with pytest.raises(PlanError) as info:
+        plan({**spec, "hardware": {**spec["hardware"], "step_time_factor": 0}})
+    assert info.value.field == "hardware.step_time_factor"

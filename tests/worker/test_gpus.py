@@ -9,8 +9,9 @@ from sqlalchemy import delete, select
 
 from store.base import utcnow
 from store.db import session_scope
-from store.models import Gpu, GpuLease
-from tests.worker.factories import GIB, make_job, make_user
+from store.models import Gpu, GpuLease, Job
+from store.states import JobStatus
+from tests.worker.factories import GIB, job_plan, make_job, make_user
 from tunebox.settings import Settings
 from worker import gpus
 
@@ -92,3 +93,43 @@ def test_list_gpus_before_any_worker_reported(db_url, settings):
     with session_scope(db_url) as s:
         listed = gpus.list_gpus(s, settings)
     assert [(g.uuid, g.updated_at) for g in listed] == [("cpu-0", None), ("cpu-1", None)]
+
+
+def _finished(s, owner, planned_tps: float | None, measured_tps: float | None, *, age_s: float,
+              status: JobStatus = JobStatus.SUCCEEDED, factor: float | None = None) -> None:
+    plan = job_plan()
+    if planned_tps is not None:
+        plan["estimated_tokens_per_second"] = planned_tps
+    if factor is not None:
+        plan["step_time_factor"] = factor
+    make_job(s, owner, plan=plan, status=status, tokens_per_second=measured_tps,
+             finished_at=utcnow() - timedelta(seconds=age_s))
+
+
+def test_box_learns_its_step_time_factor_from_its_latest_succeeded_jobs(db_url, settings):
+    with session_scope(db_url) as s:
+        s.execute(delete(Job))
+        owner = make_user(s, "speed")
+        _finished(s, owner, 1000.0, 800.0, age_s=50)  # 1.25
+        _finished(s, owner, 1000.0, 400.0, age_s=40)  # 2.5
+    with session_scope(db_url) as s:  # two jobs are too few to say anything
+        assert gpus.box_hardware(s, settings).step_time_factor is None
+    with session_scope(db_url) as s:
+        owner = make_user(s, "speed-2")
+        # planned with a factor of 2 already: the box is 2 x 600 / 500 slower than the raw model
+        _finished(s, owner, 600.0, 500.0, age_s=30, factor=2.0)  # 600 x 2 / 500 = 2.4
+        # ignored: failed, no measured rate, or a plan without speed figures
+        _finished(s, owner, 1000.0, 10.0, age_s=20, status=JobStatus.FAILED)
+        _finished(s, owner, 1000.0, None, age_s=10)
+        _finished(s, owner, None, 10.0, age_s=5)
+    with session_scope(db_url) as s:
+        hw = gpus.box_hardware(s, settings)
+    assert hw.step_time_factor == pytest.approx(2.4)  # median of 1.25, 2.4, 2.5
+    with session_scope(db_url) as s:  # only the latest STEP_TIME_JOBS count
+        owner = make_user(s, "speed-3")
+        for i in range(gpus.STEP_TIME_JOBS):
+            _finished(s, owner, 1000.0, 2000.0, age_s=1 - i * 0.01)  # 0.5, newer than all above
+    with session_scope(db_url) as s:
+        assert gpus.learned_step_time_factor(s) == pytest.approx(0.5)
+    with session_scope(db_url) as s:
+        s.execute(delete(Job))
