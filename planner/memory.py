@@ -412,7 +412,7 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     # one weight file at a time into host memory on every rank.
     load = n * _model_bytes(facts) if s.zero_stage < 3 else n * _shard_bytes(facts) + params
     resident = master + optimizer + grads + params + pinned
-    process = n * C.HOST_PROCESS_BYTES
+    process = n * (C.HOST_PROCESS_BYTES + (C.HOST_CPU_OPTIMIZER_BYTES if s.offload_optimizer == "cpu" else 0))
     total = process + max(load, resident)
     host = HostEstimate(
         process_bytes=process,
