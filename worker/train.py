@@ -155,6 +155,17 @@ class Trainer:
                              f"{self.spec.training.seq_len} (prompts too long, or every row held out)")
 
     def build_engine(self) -> None:
+        from worker._trainlib.extlocks import start_sweeper
+
+        # DeepSpeed builds or loads its ops while it sets up: a build lock left by a killed run
+        # would make it wait forever
+        sweeper = start_sweeper()
+        try:
+            self._build_engine()
+        finally:
+            sweeper.set()
+
+    def _build_engine(self) -> None:
         import deepspeed
         import torch
 

@@ -17,6 +17,7 @@ import pytest
 from tests.tinydata import write_dataset
 from tests.worker_train.conftest import (
     REPO,
+    TORCH_EXT,
     cpu_env,
     make_spec,
     read_progress,
@@ -265,3 +266,20 @@ def test_steps_run_in_train_mode_so_checkpointing_recomputes_and_dropout_applies
     # one micro-batch: each layer's MLP runs forward once, and again in backward when checkpointed
     assert probe["layers"] > 0
     assert probe["layer_forwards"] == probe["layers"] * (2 if checkpointing else 1)
+
+
+def test_a_build_lock_left_by_a_killed_run_does_not_stall_the_next_run(tmp_path: Path, tiny_model: Path,
+                                                                       alpaca_file: Path) -> None:
+    """A run killed while torch held an op's build lock (a cancel's SIGKILL during start-up) leaves
+    the lock file behind; torch would make every later run wait on it forever."""
+    root = Path(TORCH_EXT)
+    locks = [root / op / "lock" for op in ("deepspeed_shm_comm", "cpu_adam")]  # the ops a CPU run loads
+    for lock in locks:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.touch()
+        os.utime(lock, (time.time() - 3600, time.time() - 3600))
+    job = write_run(tmp_path / "job", make_spec(tiny_model, alpaca_file, max_steps=2))
+    result = run_train(job, timeout=240)
+    _done(job, result)
+    assert not any(lock.exists() for lock in locks)
+    assert "removed a stale build lock" in result.stdout + result.stderr

@@ -1,0 +1,97 @@
+"""Stale build locks of torch's JIT extensions (DeepSpeed's ops), found and removed.
+
+torch builds or loads an op under ``<extensions dir>/<op>/lock``: it creates the file exclusively,
+keeps it open while it runs ninja, then closes and deletes it; any other process that finds the file
+sleeps until it is gone. A process killed in that window (a cancelled job's SIGKILL during start-up,
+a host OOM) leaves the file behind, and every later job on the box would sleep on it forever.
+
+A lock is stale when no process holds it open and it is older than ``MIN_AGE_S`` (a new lock is
+younger: its creator is between creating and holding it). The training process runs a sweeper
+thread that deletes stale locks while DeepSpeed sets up, so a wait on one ends within ``PERIOD_S``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+MIN_AGE_S = 10.0
+PERIOD_S = 2.0
+
+
+def extensions_root() -> Path:
+    """Where torch puts JIT extensions: ``TORCH_EXTENSIONS_DIR``, else torch's default root."""
+    configured = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if configured:
+        return Path(configured)
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(get_default_build_root())
+
+
+def _locks(root: Path) -> list[Path]:
+    # <root>/<op>/lock with TORCH_EXTENSIONS_DIR, <root>/<py_cu>/<op>/lock under the default root
+    return [*root.glob("*/lock"), *root.glob("*/*/lock")]
+
+
+def _open_lock_files(paths: set[str]) -> set[str]:
+    """Which of ``paths`` some process has open (Linux: every process's /proc/PID/fd links)."""
+    held: set[str] = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            links = list(fd_dir.iterdir())
+        except OSError:  # gone, or another user's
+            continue
+        for link in links:
+            try:
+                target = os.readlink(link)
+            except OSError:
+                continue
+            if target in paths:
+                held.add(target)
+    return held
+
+
+def remove_stale_locks(root: Path, now: float | None = None) -> list[Path]:
+    """Delete the stale build locks under ``root``; returns those removed."""
+    now = time.time() if now is None else now
+    old: dict[str, Path] = {}
+    for lock in _locks(root):
+        try:
+            if now - lock.stat().st_mtime >= MIN_AGE_S:
+                old[str(lock.resolve())] = lock
+        except OSError:
+            continue
+    if not old:
+        return []
+    held = _open_lock_files(set(old))
+    removed = []
+    for path, lock in old.items():
+        if path not in held:
+            try:
+                lock.unlink()
+            except OSError:
+                continue
+            removed.append(lock)
+    return removed
+
+
+def start_sweeper(root: Path | None = None, period_s: float = PERIOD_S) -> threading.Event:
+    """Sweep ``root`` for stale locks every ``period_s`` in a daemon thread; set the event to stop."""
+    stop = threading.Event()
+    where = root if root is not None else extensions_root()
+
+    def sweep_once() -> None:
+        for lock in remove_stale_locks(where):
+            print(f"removed a stale build lock left by a dead process: {lock}", flush=True)
+
+    def sweep() -> None:
+        while not stop.wait(period_s):
+            sweep_once()
+
+    sweep_once()  # before DeepSpeed asks for an op: it then builds or loads it itself
+
+    threading.Thread(target=sweep, name="extension-lock-sweeper", daemon=True).start()
+    return stop
