@@ -150,13 +150,28 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
     shard = _largest_weight_file(spec)
     facts = model_facts(arch, spec.method.value, lora, spec.training.precision.value, shard)
     pinned = parse_pinned(spec.resources.deepspeed)
-    bounds = Bounds(hw.gpu_count, hw.gpu_memory_bytes, hw.host_memory_bytes, hw.nvme_bytes)
+    nvme_bytes = 0 if hw.nvme_unavailable else hw.nvme_bytes
+    bounds = Bounds(hw.gpu_count, hw.gpu_memory_bytes, hw.host_memory_bytes, nvme_bytes)
     rates = GpuRates(
         flops=hw.gpu_bf16_tflops * 1e12 if hw.gpu_bf16_tflops else C.DEFAULT_GPU_FLOPS,
         pcie_bytes_per_s=hw.pcie_gbps * 1e9 if hw.pcie_gbps else C.PCIE_BYTES_PER_S,
         step_time_factor=hw.step_time_factor or 1.0,
     )
+    _refuse_unavailable_nvme(spec, pinned, hw)
     return Prepared(spec, arch, facts, source, _fp32_dtype_field(config, where), pinned, bounds, rates, hw)
+
+
+def _refuse_unavailable_nvme(spec: JobSpec, pinned: PinnedDeepSpeed, hw: HardwareSpec) -> None:
+    """A spec that asks for NVMe offload on a box where it cannot run is refused, with the reason."""
+    if hw.nvme_unavailable is None:
+        return
+    why = f"NVMe offload cannot run on this box: {hw.nvme_unavailable}"
+    for target in ("offload_optimizer", "offload_param"):
+        asked = getattr(spec.resources, target)
+        if str(getattr(asked, "value", asked)) == "nvme":
+            raise PlanError(f"resources.{target}", why)
+        if getattr(pinned, target).get("device") == "nvme":
+            raise PlanError(f"resources.deepspeed.{target}.device", why)
 
 
 # --- the search space from the spec -------------------------------------------------------------------
@@ -448,6 +463,14 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
         int(requested) if requested != AUTO else None,
     )
     warnings: list[Note] = warn(ctx)
+    if (why := p.hardware.nvme_unavailable) and not chosen.fits:
+        warnings.append(
+            Note(
+                code="nvme_unavailable",
+                field="resources.offload_optimizer",
+                message=f"NVMe offload was not considered; it cannot run on this box: {why}",
+            )
+        )
     steps = _steps(p.spec, s.global_batch)
     ds = build_deepspeed_config(
         s,

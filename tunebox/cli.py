@@ -215,7 +215,7 @@ def _host_memory() -> int:
 def _local_hardware() -> Any:
     from planner.spec import HardwareSpec
     from tunebox.settings import Settings
-    from worker.gpus import local_inventory
+    from worker.gpus import local_inventory, nvme_offload_problem
 
     settings = Settings()
     gpus = [g for g in local_inventory(settings) if g.healthy]
@@ -223,7 +223,8 @@ def _local_hardware() -> Any:
         raise SystemExit("no GPU found here: give spec.hardware, or --gpus N --gpu-memory-gib X")
     return HardwareSpec(gpu_count=len(gpus), gpu_memory_bytes=min(g.memory_total_bytes for g in gpus),
                         host_memory_bytes=settings.host_memory_bytes or _host_memory(),
-                        nvme_bytes=settings.nvme_bytes)
+                        nvme_bytes=settings.nvme_bytes,
+                        nvme_unavailable=nvme_offload_problem() if settings.nvme_bytes > 0 else None)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

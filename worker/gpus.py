@@ -9,6 +9,7 @@ reason, and leasing never hands it out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 import statistics
@@ -220,7 +221,27 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
     return HardwareSpec(gpu_count=count, gpu_memory_bytes=memory,
                         host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes,
                         nvme_path=str(settings.nvme_path) if settings.nvme_path else None,
-                        step_time_factor=learned_step_time_factor(session))
+                        step_time_factor=learned_step_time_factor(session),
+                        nvme_unavailable=nvme_offload_problem() if settings.nvme_bytes > 0 else None)
+
+
+@functools.cache
+def nvme_offload_problem() -> str | None:
+    """Why DeepSpeed's NVMe offload cannot run on this box, or None: it swaps through DeepSpeed's
+    async I/O op, which builds only where libaio and its headers are installed. Asked once per
+    process (the check compiles a probe)."""
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+        if builder is None:
+            return "DeepSpeed has no async I/O op for this accelerator"
+        if not builder.is_compatible(verbose=False):
+            return ("DeepSpeed's async I/O op does not build here: it needs libaio with its headers "
+                    "(the libaio-dev package)")
+    except Exception as exc:  # a broken DeepSpeed install is a reason too
+        return f"DeepSpeed's async I/O op could not be checked ({type(exc).__name__}: {exc})"
+    return None
 
 
 #: How many of the latest succeeded jobs the box's step-time factor is learned from, and the

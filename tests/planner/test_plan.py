@@ -325,3 +325,27 @@ def test_box_step_time_factor_scales_every_speed_figure_and_nothing_else() -> No
     with pytest.raises(PlanError) as info:
         plan({**spec, "hardware": {**spec["hardware"], "step_time_factor": 0}})
     assert info.value.field == "hardware.step_time_factor"
+
+
+def test_nvme_offload_on_a_box_where_it_cannot_run_is_refused_with_the_reason() -> None:
+    why = "DeepSpeed's async I/O op does not build here"
+    box = {**hardware(nvme_gib=2048), "nvme_unavailable": why}
+    for resources, field in (
+        ({"zero_stage": 3, "offload_optimizer": "nvme"}, "resources.offload_optimizer"),
+        ({"zero_stage": 3, "offload_param": "nvme", "offload_optimizer": "cpu"}, "resources.offload_param"),
+        ({"deepspeed": {"offload_param": {"device": "nvme"}}}, "resources.deepspeed.offload_param.device"),
+    ):
+        with pytest.raises(PlanError) as info:
+            plan(job(resources=resources, hardware=box))
+        assert info.value.field == field and why in info.value.message
+    # "auto" never reaches for NVMe there: a 7B full fine-tune whose states only NVMe can hold
+    small_host = hardware(gpu_bytes=48 * GIB, host_gib=64, nvme_gib=4000)
+    big = job(model={"name": "Qwen/Qwen2.5-7B"}, method="full", resources={"num_gpus": 1},
+              training={"micro_batch_size": 1, "gradient_accumulation_steps": 8, "seq_len": 1024,
+                        "gradient_checkpointing": True})
+    assert plan({**big, "hardware": small_host}).resolved.offload_optimizer == "nvme"
+    refused = plan({**big, "hardware": {**small_host, "nvme_unavailable": why}})
+    assert not refused.fits
+    assert "nvme" not in (refused.resolved.offload_optimizer, refused.resolved.offload_param)
+    assert refused.nvme.capacity_bytes == 0
+    assert any(n.code == "nvme_unavailable" and why in n.message for n in refused.warnings)

@@ -133,3 +133,17 @@ def test_box_learns_its_step_time_factor_from_its_latest_succeeded_jobs(db_url, 
         assert gpus.learned_step_time_factor(s) == pytest.approx(0.5)
     with session_scope(db_url) as s:
         s.execute(delete(Job))
+
+
+def test_box_with_nvme_says_whether_deepspeeds_async_io_op_builds_here(db_url, settings):
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+    builds = builder is not None and builder.is_compatible(verbose=False)
+    with session_scope(db_url) as s:
+        hw = gpus.box_hardware(s, settings)  # nvme_bytes > 0: the box offers NVMe offload
+    assert (hw.nvme_unavailable is None) == builds
+    if not builds:
+        assert "async I/O" in hw.nvme_unavailable
+    with session_scope(db_url) as s:  # no NVMe configured: nothing to check
+        assert gpus.box_hardware(s, settings.model_copy(update={"nvme_bytes": 0})).nvme_unavailable is None
