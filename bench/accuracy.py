@@ -692,8 +692,9 @@ HISTORY = [
     "each results file from the others better than a worst under-estimate of about -7.6%. The "
     "slack and step-time constants are now fitted on all 45 records: in sample no GPU peak is "
     "below -2.5%, at the price of over-estimating small offload jobs and two-GPU LoRA by up to "
-    "+26%. The host's per-rank process term is split in two: 2.15 GiB, what every record without "
-    "offload measured after its warm-up (2.03-2.23 GiB), and 0.6 GiB more with the optimizer on "
+    "+26%. The host's per-rank process term is split in two: 2.15 GiB, what the 15 records "
+    "without offload that carry per-phase host figures measured after their warm-up (2.03-2.23 "
+    "GiB), and 0.6 GiB more with the optimizer on "
     "the CPU (fitted); the two-GPU offload records had been over-estimated by +8.6% and +12.6%.",
 ]
 

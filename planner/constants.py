@@ -49,7 +49,8 @@ EVAL_ALLOCATOR_SLACK_FRACTION = 0.10
 # --- host memory ---------------------------------------------------------------------------------
 #: Resident memory of one training process besides its model tensors: Python, torch with its CUDA
 #: libraries (loaded by the first steps), transformers, DeepSpeed. Measured: 2.03-2.23 GiB per rank
-#: after the warm-up steps in all 20 records without offload (one and two GPUs, 0.5B-8B).
+#: after the warm-up steps in all 15 records without offload that carry per-phase host figures
+#: (one and two GPUs, 0.5B-8B).
 HOST_PROCESS_BYTES = int(2.15 * GIB)
 #: With the optimizer offloaded to the CPU, each rank holds more besides the states the planner
 #: counts: DeepSpeedCPUAdam's library and threads, torch's pinned-memory cache rounding up to
