@@ -215,7 +215,7 @@ def _host_memory() -> int:
 def _local_hardware() -> Any:
     from planner.spec import HardwareSpec
     from tunebox.settings import Settings
-    from worker.gpus import local_inventory, nvme_offload_problem
+    from worker.gpus import local_inventory, nvme_unavailable
 
     settings = Settings()
     gpus = [g for g in local_inventory(settings) if g.healthy]
@@ -224,7 +224,7 @@ def _local_hardware() -> Any:
     return HardwareSpec(gpu_count=len(gpus), gpu_memory_bytes=min(g.memory_total_bytes for g in gpus),
                         host_memory_bytes=settings.host_memory_bytes or _host_memory(),
                         nvme_bytes=settings.nvme_bytes,
-                        nvme_unavailable=nvme_offload_problem() if settings.nvme_bytes > 0 else None)
+                        nvme_unavailable=nvme_unavailable(settings))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

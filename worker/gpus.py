@@ -222,7 +222,12 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
                         host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes,
                         nvme_path=str(settings.nvme_path) if settings.nvme_path else None,
                         step_time_factor=learned_step_time_factor(session),
-                        nvme_unavailable=nvme_offload_problem() if settings.nvme_bytes > 0 else None)
+                        nvme_unavailable=nvme_unavailable(settings))
+
+
+def nvme_unavailable(settings: Settings) -> str | None:
+    """Why the NVMe offload this box offers cannot run (None where it can, or where it offers none)."""
+    return nvme_offload_problem() if settings.nvme_bytes > 0 else None
 
 
 @functools.cache
@@ -255,17 +260,16 @@ def learned_step_time_factor(session: Session) -> float | None:
     """Measured over planned step time on this box: the median over its latest succeeded jobs of
     planned tokens/s over measured tokens/s, each times the factor its own plan already carried.
     None until enough jobs have finished."""
+    # the two figures, not the whole plans: this runs on every plan and submission
     rows = session.execute(
-        select(Job.plan, Job.tokens_per_second)
+        select(Job.plan["estimated_tokens_per_second"].as_float(), Job.plan["step_time_factor"].as_float(),
+               Job.tokens_per_second)
         .where(Job.status == JobStatus.SUCCEEDED, Job.tokens_per_second > 0)
         .order_by(Job.finished_at.desc())
         .limit(STEP_TIME_JOBS)
     ).all()
-    ratios = []
-    for plan, measured in rows:
-        planned = (plan or {}).get("estimated_tokens_per_second")
-        if isinstance(planned, int | float) and planned > 0:
-            ratios.append(planned * float((plan or {}).get("step_time_factor") or 1.0) / measured)
+    ratios = [planned * (carried or 1.0) / measured for planned, carried, measured in rows
+              if planned is not None and planned > 0]
     if len(ratios) < STEP_TIME_MIN_JOBS:
         return None
     low, high = STEP_TIME_FACTOR_BOUNDS

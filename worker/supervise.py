@@ -159,8 +159,9 @@ class JobRun:
             verdict = self._tick(group, tick, check_in=code is None)
             if code is not None:
                 if launcher.group_alive(group.pgid):  # a rank failed; the others may hang in a collective
-                    launcher.terminate(group, min(self.settings.cancel_grace_s, 5.0))
-                group.settle()
+                    launcher.terminate(group, min(self.settings.cancel_grace_s, 5.0))  # settles it too
+                else:
+                    group.settle()
                 return Watch.EXITED
             if verdict is not None:
                 return verdict

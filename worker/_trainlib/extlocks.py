@@ -54,9 +54,9 @@ def _open_lock_files(paths: set[str]) -> set[str]:
     return held
 
 
-def remove_stale_locks(root: Path, now: float | None = None) -> list[Path]:
+def remove_stale_locks(root: Path) -> list[Path]:
     """Delete the stale build locks under ``root``; returns those removed."""
-    now = time.time() if now is None else now
+    now = time.time()
     old: dict[str, Path] = {}
     for lock in _locks(root):
         try:
