@@ -371,6 +371,7 @@ def _per_gpu(c: Candidate, capacity: int) -> PerGpuMemory:
         optimizer_step_bytes=m.optimizer_step_bytes,
         peak_phase=m.peak_phase,
         total_bytes=m.total_bytes,
+        allocator_limit_bytes=m.total_bytes - m.cuda_context_bytes,
         capacity_bytes=capacity,
     )
 

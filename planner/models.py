@@ -88,6 +88,11 @@ class PerGpuMemory(_Out):
     optimizer_step_bytes: int
     peak_phase: str
     total_bytes: int
+    #: The limit the training process sets on PyTorch's caching allocator on each GPU:
+    #: ``total_bytes`` less ``cuda_context_bytes`` (memory outside the allocator). The allocator
+    #: gives cached blocks back to the driver instead of growing past it, so the plan is a budget
+    #: the job keeps, not only a forecast.
+    allocator_limit_bytes: int
     capacity_bytes: int
 
 

@@ -147,7 +147,26 @@ def build_run_file(session: Session, job: Job, grant: Grant, settings: Settings)
         "resolved": {k: resolved.get(k) for k in RESOLVED_KEYS},
         "deepspeed_config": plan.get("deepspeed_config") or {},
         "device": device_of(grant),
+        "gpu_memory_limit_bytes": shared_gpu_memory_limit(plan, grant, settings),
     }
+
+
+def shared_gpu_memory_limit(plan: dict[str, Any], grant: Grant, settings: Settings) -> int | None:
+    """The limit on PyTorch's allocator per GPU for a job that shares its cards: the plan's
+    ``allocator_limit_bytes`` plus the tolerance on the planned peak. ``None`` (no limit) on cards
+    the job holds alone, where it may use what the allocator needs, or where the plan states no
+    peak."""
+    if grant.exclusive or not settings.limit_shared_gpu_memory or device_of(grant) != "cuda":
+        return None
+    per_gpu = plan.get("per_gpu") or {}
+    total = per_gpu.get("total_bytes")
+    if not total:
+        return None
+    limit = per_gpu.get("allocator_limit_bytes")
+    if limit is None:  # a plan stored before the field
+        limit = int(total) - int(per_gpu.get("cuda_context_bytes") or 0)
+    limit = int(limit) + int(settings.shared_gpu_memory_tolerance * int(total))
+    return limit if limit > 0 else None
 
 
 def _dataset_path(session: Session, job: Job) -> str:

@@ -173,6 +173,9 @@ class Trainer:
             # before anything touches CUDA: zero.Init and the allocator figures use the current device,
             # and without this every rank would build its shard on GPU 0
             torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+            from worker._trainlib.modeling import limit_gpu_memory
+
+            limit_gpu_memory(self.run.gpu_memory_limit_bytes, _env_int("LOCAL_RANK", 0))
         deepspeed.init_distributed(dist_backend=None, verbose=False)
         self.world = deepspeed.comm.get_world_size()
         self.rank = deepspeed.comm.get_rank()
@@ -343,6 +346,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _fail(job_dir: Path, exc: BaseException, trainer: Trainer | None) -> int:
     failure = classify(exc)
+    on_gpu = trainer is not None and trainer.run.device == "cuda"
+    limit = trainer.run.gpu_memory_limit_bytes if on_gpu and trainer is not None else None
+    if failure.reason == "cuda_oom" and limit is not None:
+        failure = JobFailure(failure.kind, failure.reason,
+                             f"{failure.message} (PyTorch was held to the plan's {limit / 2**30:.2f} GiB "
+                             "per GPU: per_gpu.allocator_limit_bytes)")
     if failure.kind != USER_ERROR or failure.reason == "error":
         traceback.print_exception(exc, file=sys.stderr)
     print(f"training failed: {failure.kind} {failure.reason}: {failure.message}", file=sys.stderr)

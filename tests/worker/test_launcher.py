@@ -41,7 +41,35 @@ def test_run_file_is_built_from_the_stored_spec_and_plan(db_url, tmp_path):
     assert written["dataset_path"] == str(tmp_path / "d.jsonl")
     assert written["model_path"].startswith("/") and written["model_path"].endswith("models/tiny")
     assert written["device"] == "cpu"
+    assert written["gpu_memory_limit_bytes"] is None  # nothing to limit on the CPU
     assert path.parent == tmp_path / "jobs" / job.id
+
+
+def test_a_job_on_a_shared_card_is_held_to_its_plan_and_the_tolerance(db_url, tmp_path):
+    from planner import plan as make_plan
+    from planner.catalogue import lookup
+
+    spec = {"model": {"config": lookup("Qwen/Qwen2.5-0.5B").config}, "method": "lora",
+            "training": {"micro_batch_size": 2, "seq_len": 1024},
+            "resources": {"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "none"},
+            "hardware": {"gpu_count": 1, "gpu_memory_bytes": 80 * 2**30, "host_memory_bytes": 256 * 2**30}}
+    planned = make_plan(spec).model_dump(mode="json")
+    per_gpu = planned["per_gpu"]
+    assert per_gpu["allocator_limit_bytes"] == per_gpu["total_bytes"] - per_gpu["cuda_context_bytes"]
+    shared = Grant(gpu_ids=(7,), indices=(3,), uuids=("GPU-abc",), exclusive=False)
+    on = Settings(data_dir=tmp_path)
+    off = Settings(data_dir=tmp_path, limit_shared_gpu_memory=False)
+    with session_scope(db_url) as s:
+        job = make_job(s, make_user(s), plan=planned)
+        limits = {name: launcher.build_run_file(s, job, grant, settings)["gpu_memory_limit_bytes"]
+                  for name, grant, settings in (("shared", shared, on), ("exclusive", CUDA, on),
+                                                ("off", shared, off))}
+    assert limits["shared"] == per_gpu["allocator_limit_bytes"] + int(0.05 * per_gpu["total_bytes"])
+    assert limits["exclusive"] is None and limits["off"] is None
+    # a plan stored before the field: its total less the memory outside PyTorch's allocator
+    old = {"per_gpu": {"total_bytes": 10 * 2**30, "cuda_context_bytes": 2**30}}
+    assert launcher.shared_gpu_memory_limit(old, shared, on) == 9 * 2**30 + int(0.05 * 10 * 2**30)
+    assert launcher.shared_gpu_memory_limit({"per_gpu": {}}, shared, on) is None
 
 
 def test_environment_names_the_leased_cards(tmp_path):

@@ -193,3 +193,39 @@ def test_run_file_falls_back_to_the_spec_and_names_a_missing_model(tmp_path: Pat
     with pytest.raises(JobFailure) as bad:
         load_run(job)
     assert bad.value.reason == "bad_run_file"
+
+
+def test_run_file_carries_the_gpu_memory_limit(tmp_path: Path, tiny_model: Path) -> None:
+    from tests.worker_train.conftest import make_spec, write_run
+    from worker._trainlib.runfile import JobFailure, load_run
+
+    job = write_run(tmp_path / "job", make_spec(tiny_model, tmp_path / "d.jsonl"))
+    assert load_run(job).gpu_memory_limit_bytes is None  # absent: no limit
+    raw = json.loads((job / "run.json").read_text())
+    for value, expected in ((123_456_789, 123_456_789), (None, None), (-5, "bad"), ("x", "bad")):
+        (job / "run.json").write_text(json.dumps({**raw, "gpu_memory_limit_bytes": value}))
+        if expected == "bad":
+            with pytest.raises(JobFailure) as bad:
+                load_run(job)
+            assert bad.value.reason == "bad_run_file"
+        else:
+            assert load_run(job).gpu_memory_limit_bytes == expected
+
+
+def test_an_oom_under_the_limit_names_the_plan_it_was_held_to(tmp_path: Path) -> None:
+    import types
+
+    import torch
+
+    from worker import train
+
+    exc = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 14.24 GiB")
+    held = types.SimpleNamespace(run=types.SimpleNamespace(device="cuda", gpu_memory_limit_bytes=3 * 2**30),
+                                 is_rank0=True)
+    assert train._fail(tmp_path, exc, held) == 3  # type: ignore[arg-type]
+    failure = json.loads((tmp_path / "failure.json").read_text())
+    assert failure["reason"] == "cuda_oom" and "held to the plan's 3.00 GiB per GPU" in failure["message"]
+    free = types.SimpleNamespace(run=types.SimpleNamespace(device="cuda", gpu_memory_limit_bytes=None),
+                                 is_rank0=True)
+    train._fail(tmp_path, exc, free)  # type: ignore[arg-type]
+    assert "held to" not in json.loads((tmp_path / "failure.json").read_text())["message"]

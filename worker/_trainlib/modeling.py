@@ -20,6 +20,21 @@ def torch_dtype(precision: str, device: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
 
 
+def limit_gpu_memory(limit_bytes: int | None, device: int) -> float | None:
+    """Hold PyTorch's caching allocator on ``device`` to ``limit_bytes`` (the plan's
+    ``allocator_limit_bytes``). Past it the allocator frees its cached blocks and retries before it
+    reports an out-of-memory error, so the process keeps to its plan instead of caching what it
+    freed. Returns the fraction of the card set, ``None`` where there is no limit."""
+    if limit_bytes is None:
+        return None
+    import torch
+
+    total = int(torch.cuda.mem_get_info(device)[1])
+    fraction = min(1.0, limit_bytes / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
+
+
 def check_model_folder(path: Path) -> None:
     if not path.is_dir():
         raise JobFailure(USER_ERROR, "bad_model", f"model folder not found: {path}")

@@ -5,7 +5,8 @@
     {"job_id": str, "spec": <JobSpec JSON>, "model_path": str, "dataset_path": str,
      "resolved": {"micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
                   "zero_stage", "offload_optimizer", "offload_param", "num_gpus", "precision"},
-     "deepspeed_config": {...}, "device": "cuda" | "cpu"}
+     "deepspeed_config": {...}, "device": "cuda" | "cpu",
+     "gpu_memory_limit_bytes": int | null}   # PyTorch allocator limit per GPU (the plan's)
 
 ``failure.json``: ``{"kind": "user_error" | "error", "reason": str, "message": str}``.
 """
@@ -77,6 +78,7 @@ class RunConfig:
     resolved: Resolved
     deepspeed_config: dict[str, Any]
     device: str
+    gpu_memory_limit_bytes: int | None = None
 
     @property
     def model_dir(self) -> Path:
@@ -135,6 +137,14 @@ def _path(raw: dict[str, Any], key: str) -> Path | None:
     return Path(value) if isinstance(value, str) and value.strip() else None
 
 
+def _positive_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or int(value) <= 0:
+        raise ValueError(f"not a positive byte count: {value!r}")
+    return int(value)
+
+
 def load_run(job_dir: Path) -> RunConfig:
     """Read and check ``job_dir/run.json``; a bad file is the system's fault (the worker wrote it)."""
     path = job_dir / "run.json"
@@ -151,6 +161,7 @@ def load_run(job_dir: Path) -> RunConfig:
             resolved=_resolved(dict(raw.get("resolved") or {}), spec, ds),
             deepspeed_config=ds,
             device=str(raw.get("device", "cuda")),
+            gpu_memory_limit_bytes=_positive_int(raw.get("gpu_memory_limit_bytes")),
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise JobFailure(ERROR, "bad_run_file", f"cannot use {path}: {exc}") from exc
