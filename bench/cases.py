@@ -430,12 +430,65 @@ def _heldout4() -> list[Case]:
     ]
 
 
+def _heldout5() -> list[Case]:
+    """Eight more unseen configurations, run with PyTorch's allocator limited to the plan as the
+    service runs it: mostly ZeRO-3 on two GPUs (full 7B, 3B without checkpointing, LoRA at 4096,
+    LoRA with optimizer offload, Phi-3 with optimizer offload and accumulation, Llama 3.1 8B LoRA),
+    ZeRO-2 LoRA of Mistral 7B and a one-GPU ZeRO-3 full fine-tune without checkpointing."""
+    h = "heldout5"
+    return [
+        make_case("qwen2.5-7b", "full", 3, "none", True, 1024, 2, 2, gpus=2, group=h),
+        make_case("llama-3.2-3b", "full", 3, "none", False, 2048, 1, 2, gpus=2, group=h),
+        make_case("qwen2.5-1.5b", "lora", 3, "none", True, 4096, 2, 1, gpus=2, group=h),
+        make_case("gemma-2-2b", "lora", 3, "opt", True, 2048, 2, 1, gpus=2, group=h),
+        make_case("phi-3-mini", "full", 3, "opt", True, 2048, 1, 2, gpus=2, group=h, steps=2),
+        make_case("llama-3.1-8b", "lora", 3, "none", True, 4096, 1, 1, gpus=2, group=h),
+        make_case("mistral-7b-v0.3", "lora", 2, "none", True, 2048, 2, 1, group=h),
+        make_case("qwen2.5-3b", "full", 3, "none", False, 1024, 1, 1, group=h),
+    ]
+
+
+def _heldout6() -> list[Case]:
+    """Six more unseen configurations: LoRA with optimizer offload on two GPUs, ZeRO-2 full
+    fine-tuning with optimizer offload, full Mistral 7B on two GPUs, ZeRO-1 on two GPUs, a one-GPU
+    Gemma 2 without checkpointing and a small LoRA at seq 4096 with micro-batch 4."""
+    h = "heldout6"
+    return [
+        make_case("qwen2.5-7b", "lora", 3, "opt", True, 4096, 1, 1, gpus=2, group=h),
+        make_case("llama-3.2-3b", "full", 2, "opt", True, 2048, 2, 1, group=h, steps=2),
+        make_case("mistral-7b-v0.3", "full", 3, "none", True, 1024, 1, 1, gpus=2, group=h),
+        make_case("llama-3.2-1b", "full", 1, "none", False, 1024, 2, 2, gpus=2, group=h),
+        make_case("gemma-2-2b", "full", 3, "none", False, 1024, 1, 2, group=h),
+        make_case("qwen2.5-0.5b", "lora", 0, "none", True, 4096, 4, 1, group=h),
+    ]
+
+
+def _limit_experiment() -> list[Case]:
+    """Configurations that cached the most above their allocated peak, from the earlier matrices,
+    for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
+    how little slack a limited run needs before it slows down or fails."""
+    g = "limit"
+    return [
+        make_case("qwen2.5-3b", "full", 3, "none", True, 1024, 2, 2, gpus=2, group=g),
+        make_case("gemma-2-2b", "full", 3, "none", True, 1024, 2, 1, gpus=2, group=g),
+        make_case("qwen2.5-1.5b", "full", 3, "none", True, 2048, 2, 2, gpus=2, group=g),
+        make_case("llama-3.2-1b", "lora", 3, "opt+param", True, 4096, 2, 1, gpus=2, group=g, steps=2),
+        make_case("phi-3-mini", "full", 2, "none", True, 2048, 2, 1, group=g),
+        make_case("qwen2.5-0.5b", "full", 0, "none", False, 512, 4, 1, group=g),
+        make_case("qwen2.5-7b", "full", 3, "none", True, 2048, 1, 1, gpus=2, group=g),
+    ]
+
+
 CASES: list[Case] = _core() + _rest()
 HELDOUT_CASES: list[Case] = _heldout()
 HELDOUT3_CASES: list[Case] = _heldout3()
 HELDOUT4_CASES: list[Case] = _heldout4()
+HELDOUT5_CASES: list[Case] = _heldout5()
+HELDOUT6_CASES: list[Case] = _heldout6()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
-                                   "heldout4": HELDOUT4_CASES}
+                                   "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
+                                   "heldout6": HELDOUT6_CASES,
+                                   "limit": _limit_experiment()}
 
 
 def by_name() -> dict[str, Case]:

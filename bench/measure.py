@@ -407,18 +407,44 @@ def _merge_measured(results: list[dict[str, Any] | None], sampler: Sampler,
         "loss": rank0.get("loss"),
         "partitioned_at_init": rank0.get("partitioned_at_init"),
         "host_phases": [r.get("host_phases") or {} for r in sorted(got, key=lambda r: r.get("rank", 0))],
+        "allocator_retries": mx("allocator_retries"),
     }
 
 
+@dataclass(frozen=True)
+class MemoryLimit:
+    """How each rank's PyTorch allocator is limited. ``none``: not at all, as the service runs a job
+    on cards it holds alone (the natural peak, which the planner predicts); ``plan``: to the plan's
+    ``per_gpu.allocator_limit_bytes``. ``slack_share`` below 1 keeps only that share of the planned
+    allocator slack in the limit (an experiment: how much of the slack a limited run needs)."""
+
+    mode: str = "none"
+    slack_share: float = 1.0
+
+    def limit_bytes(self, spec: dict[str, Any]) -> int | None:
+        if self.mode == "none":
+            return None
+        from planner import plan
+
+        per_gpu = plan(spec).per_gpu
+        return int(per_gpu.allocator_limit_bytes - (1.0 - self.slack_share) * per_gpu.allocator_slack_bytes)
+
+    def describe(self, limit: int | None) -> dict[str, Any]:
+        return {"mode": self.mode, "slack_share": self.slack_share, "limit_bytes": limit}
+
+
 def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: float,
-             budget_clamped: bool, warmup_steps: int) -> dict[str, Any]:
+             budget_clamped: bool, warmup_steps: int, memory: MemoryLimit | None = None) -> dict[str, Any]:
     t0 = time.monotonic()
     spec = case.spec
+    memory = memory or MemoryLimit("none")
     record: dict[str, Any] = {"case": case.name, "spec": spec, "deepspeed_config": None, "status": "error",
                               "error": None, "measured": None, "env": env, "wall_seconds": None}
     try:
         _validate(spec)
         ds_config = build_ds_config(spec)
+        gpu_limit = memory.limit_bytes(spec) if gpus.handles else None
+        record["gpu_memory_limit"] = memory.describe(gpu_limit)
     except Exception as exc:  # an invalid case is a recorded error, not a stopped run
         record.update(error=f"invalid case: {exc}", wall_seconds=round(time.monotonic() - t0, 3))
         return record
@@ -429,7 +455,8 @@ def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: f
     ga = int(spec["training"].get("gradient_accumulation_steps", 1))
     case_file.write_text(json.dumps({"name": case.name, "spec": spec, "ds_config": ds_config,
                                      "warmup_micro_steps": warmup_steps * ga,
-                                     "measured_steps": case.measured_steps}))
+                                     "measured_steps": case.measured_steps,
+                                     "gpu_memory_limit_bytes": gpu_limit}))
     baseline = gpus.used() if gpus.handles else []
     runs = _spawn_ranks(case_file, int(spec["resources"]["num_gpus"]), case_dir)
     sampler = Sampler(gpus, [r.proc.pid for r in runs])
@@ -584,6 +611,8 @@ def progress_line(i: int, n: int, elapsed: float, rec: dict[str, Any], est: floa
     tps = m.get("tokens_per_second")
     return (f"[{i:2d}/{n} {elapsed:5.0f}s] {rec['status']:7s} nvml {_gb(m.get('nvml_peak_bytes'))} GB"
             f" dev {_gb(m.get('nvml_device_peak_bytes'))} alloc {_gb(m.get('torch_max_allocated_bytes'))}"
+            f" limit {_gb((rec.get('gpu_memory_limit') or {}).get('limit_bytes'))}"
+            f" retries {m.get('allocator_retries')}"
             f" rss {_gb(m.get('host_peak_rss_bytes'))}"
             f" step {step if step is None else round(step, 3)} s"
             f" tok/s {tps if tps is None else round(tps)}"
@@ -616,13 +645,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=None, help="where per-case logs go (default: a temp dir)")
     p.add_argument("--logs-archive", type=Path, default=None,
                    help="also pack every case's logs into this .tar.gz at the end")
+    p.add_argument("--gpu-memory-limit", choices=("plan", "none"), default="none",
+                   help="none (default): no limit, the natural peak the planner predicts; plan: limit "
+                   "each rank's PyTorch allocator to the plan's per_gpu.allocator_limit_bytes")
+    p.add_argument("--limit-slack-share", type=float, default=1.0,
+                   help="with --gpu-memory-limit plan: keep only this share of the planned allocator "
+                   "slack in the limit (below 1: an experiment, not an accuracy record)")
     p.add_argument("--alloc-trace", action="store_true",
                    help="record the caching allocator's history and write each rank's segment growth "
                    "(alloc-trace-rankN.json beside its log); the recording slows the steps and grows "
                    "host memory, so such records are diagnostics, not accuracy records. With torch "
                    "2.11 and DeepSpeed 0.19.8 a ZeRO-3 run fails in its first step with the "
                    "recording on; the trace up to there is still written")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0.0 <= args.limit_slack_share <= 1.0:
+        p.error("--limit-slack-share must lie in [0, 1]")
+    if args.gpu_memory_limit == "none" and args.limit_slack_share != 1.0:
+        p.error("--limit-slack-share needs --gpu-memory-limit plan")
+    return args
 
 
 def select(cases: list[Case], args: argparse.Namespace, max_gpus: int) -> list[Case]:
@@ -692,7 +732,8 @@ def _run_all(todo: list[Case], args: argparse.Namespace, env: dict[str, Any], gp
         own_limit = max(args.min_case_timeout, args.timeout_factor * case.est_seconds)
         limit = min(own_limit, remaining)
         run = with_machine_hardware(case, gpus, args.host_memory_bytes)
-        rec = run_case(run, env, gpus, work, limit, limit < own_limit, args.warmup_steps)
+        rec = run_case(run, env, gpus, work, limit, limit < own_limit, args.warmup_steps,
+                       MemoryLimit(args.gpu_memory_limit, args.limit_slack_share))
         append_record(out, rec)
         if rec["status"] in ("ok", "oom"):
             ratios.append(rec["wall_seconds"] / case.est_seconds)
@@ -820,6 +861,10 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local_rank)
+        if job.get("gpu_memory_limit_bytes"):
+            from worker._trainlib.modeling import limit_gpu_memory
+
+            limit_gpu_memory(int(job["gpu_memory_limit_bytes"]), local_rank)
         if os.environ.get(ALLOC_TRACE_ENV):
             torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
             result["alloc_trace"] = True
@@ -994,6 +1039,10 @@ def _finish(result: dict[str, Any], result_path: Path) -> None:
             peaks.fold()
         result["torch_max_allocated_bytes"] = peaks.allocated if peaks.cuda else None
         result["torch_max_reserved_bytes"] = peaks.reserved if peaks.cuda else None
+        if peaks.cuda:
+            with contextlib.suppress(Exception):
+                # how often the allocator hit its limit (or the card's) and freed its cache to retry
+                result["allocator_retries"] = int(peaks.torch.cuda.memory_stats().get("num_alloc_retries", 0))
     result["ru_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))

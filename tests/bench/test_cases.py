@@ -11,6 +11,7 @@ from bench.cases import (
     CASES,
     HELDOUT3_CASES,
     HELDOUT4_CASES,
+    HELDOUT5_CASES,
     HELDOUT_CASES,
     MATRICES,
     MODELS,
@@ -121,8 +122,9 @@ def test_parameter_offload_without_zero3_is_refused() -> None:
 
 
 def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
-    assert MATRICES == {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
-                        "heldout4": HELDOUT4_CASES}
+    assert {k: v for k, v in MATRICES.items() if k != "limit"} == {
+        "main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES, "heldout4": HELDOUT4_CASES,
+        "heldout5": HELDOUT5_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
     families = {c.spec["model"]["config"]["model_type"] for c in HELDOUT_CASES}
@@ -135,7 +137,7 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
 
 def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
     seen = {c.name for c in CASES} | {c.name for c in HELDOUT_CASES}
-    for later in (HELDOUT3_CASES, HELDOUT4_CASES):
+    for later in (HELDOUT3_CASES, HELDOUT4_CASES, HELDOUT5_CASES):
         names = [c.name for c in later]
         assert len(set(names)) == len(names) and not seen & set(names)
         seen |= set(names)
@@ -145,3 +147,10 @@ def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
     # the shapes the second held-out set missed: accumulation and parameter offload on two GPUs
     assert any(c.spec["training"]["gradient_accumulation_steps"] > 1 for c in two_gpu)
     assert any(c.spec["resources"]["offload_param"] == "cpu" for c in two_gpu)
+
+
+def test_the_limit_experiment_reruns_measured_configurations() -> None:
+    # its runs are compared with the same configurations' unlimited records
+    measured = {c.name for m in ("main", "heldout", "heldout3", "heldout4") for c in MATRICES[m]}
+    names = [c.name for c in MATRICES["limit"]]
+    assert names and len(set(names)) == len(names) and set(names) <= measured

@@ -112,3 +112,21 @@ def test_ops_prebuilt_are_those_the_cases_need() -> None:
     assert "FusedAdamBuilder" not in measure._needed_ops(offload)
     assert "FusedAdamBuilder" in measure._needed_ops(plain)
     assert {"CPUAdamBuilder", "FusedAdamBuilder"} <= set(measure._needed_ops(CASES))
+
+
+def test_memory_limit_is_the_plans_less_the_slack_given_up() -> None:
+    from bench.cases import MATRICES
+    from bench.measure import MemoryLimit, parse_args
+    from planner import plan
+
+    spec = MATRICES["limit"][0].spec
+    per_gpu = plan(spec).per_gpu
+    assert MemoryLimit().limit_bytes(spec) is None  # the default measures the natural peak
+    assert MemoryLimit("plan").limit_bytes(spec) == per_gpu.allocator_limit_bytes
+    assert MemoryLimit("plan", 0.25).limit_bytes(spec) == int(
+        per_gpu.allocator_limit_bytes - 0.75 * per_gpu.allocator_slack_bytes)
+    assert per_gpu.allocator_limit_bytes == per_gpu.total_bytes - per_gpu.cuda_context_bytes
+    for bad in (["--limit-slack-share", "1.5"], ["--limit-slack-share", "0.5"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+    assert parse_args(["--gpu-memory-limit", "plan", "--limit-slack-share", "0.5"]).limit_slack_share == 0.5

@@ -97,7 +97,8 @@ def test_record_carries_spec_config_and_env(run: dict[str, Any]) -> None:
     assert env["torch"] and env["deepspeed"] and env["transformers"] and env["peft"]
     assert env["host_memory_bytes"] > 2**30
     assert set(rec) == {"case", "spec", "deepspeed_config", "status", "error", "measured", "env",
-                        "wall_seconds"}
+                        "wall_seconds", "gpu_memory_limit"}
+    assert rec["gpu_memory_limit"] == {"mode": "none", "slack_share": 1.0, "limit_bytes": None}
 
 
 def test_crashing_case_is_an_error_and_the_run_goes_on(run: dict[str, Any]) -> None:
