@@ -519,11 +519,13 @@ def _at_head_backward(facts: ModelFacts, s: Setup, w: int, acts: ActivationEstim
 
 def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:
     """Reserved minus allocated at the reserved peak: the allocator's fixed part, the cached
-    gradient-sized blocks of the largest trainable tensor, the freed buffers of ZeRO-3's parameter
-    fetches (only where parameters are fetched: several GPUs or parameter offload), and ZeRO-1/2's
-    freed reduce buckets when the step cannot reuse them (see constants.py)."""
+    vocabulary-sized blocks of the loss, the cached gradient-sized blocks of the largest trainable
+    tensor, the freed buffers of ZeRO-3's parameter fetches (only where parameters are fetched:
+    several GPUs or parameter offload), and ZeRO-1/2's freed reduce buckets when the step cannot
+    reuse them (see constants.py)."""
     return (
         C.ALLOCATOR_SLACK_BYTES
+        + C.ALLOCATOR_LOGITS_BLOCKS * _FP32 * facts.arch.vocab_size * s.tokens_per_micro_batch
         + C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS * _FP32 * _largest_trainable(facts)
         + C.ALLOCATOR_GATHERED_BLOCKS * gathered
         + _stranded_buckets(facts, s, w)
@@ -531,10 +533,12 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
 
 
 def _stranded_buckets(facts: ModelFacts, s: Setup, w: int) -> float:
-    """ZeRO-1/2's ipg buckets, freed by a GPU optimizer step that needs larger blocks (its flat
-    bf16 partition and fp32 copy): they stay in the cache beside the step's peak."""
+    """ZeRO-1/2's ipg buckets when a rank's bf16 gradient partition does not fit in one: freed
+    blocks of the buckets' size that the larger requests around the step (a GPU step's flat bf16
+    partition and fp32 copy; with optimizer offload, the partition's pinned copies) cannot reuse,
+    so they stay in the cache beside the peak."""
     k = s.knobs
-    if s.zero_stage not in (1, 2) or s.offload_optimizer != "none" or not k.contiguous_gradients:
+    if s.zero_stage not in (1, 2) or not k.contiguous_gradients:
         return 0.0
     bucket = k.reduce_bucket_size * w
     if w * facts.trainable_parameters / s.num_gpus <= bucket:

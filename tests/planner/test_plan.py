@@ -51,6 +51,7 @@ def test_plan_json_has_the_contract_fields() -> None:
         "cuda_context_bytes",
         "allocator_slack_bytes",
         "total_bytes",
+        "allocator_limit_bytes",
         "capacity_bytes",
     ):
         assert isinstance(data["per_gpu"][key], int)
@@ -61,6 +62,8 @@ def test_peak_is_the_larger_phase_plus_slack_and_context() -> None:
     g = plan(job()).per_gpu
     allocated = max(g.forward_backward_bytes, g.optimizer_step_bytes)
     assert g.total_bytes == allocated + g.allocator_slack_bytes + g.cuda_context_bytes
+    # what the worker holds PyTorch's allocator to on a shared card: all but the memory outside it
+    assert g.allocator_limit_bytes == g.total_bytes - g.cuda_context_bytes
     parts = (
         g.weights_bytes
         + g.gradients_bytes
@@ -349,3 +352,34 @@ def test_nvme_offload_on_a_box_where_it_cannot_run_is_refused_with_the_reason() 
     assert "nvme" not in (refused.resolved.offload_optimizer, refused.resolved.offload_param)
     assert refused.nvme.capacity_bytes == 0
     assert any(n.code == "nvme_unavailable" and why in n.message for n in refused.warnings)
+
+
+def test_allocator_slack_grows_with_the_loss_blocks_of_a_micro_batch() -> None:
+    from planner import constants as C
+
+    def slack(seq_len: int) -> int:
+        training = {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "seq_len": seq_len,
+                    "gradient_checkpointing": True}
+        return plan(job(training=training, resources={"num_gpus": 1, "zero_stage": 0})).per_gpu.allocator_slack_bytes
+
+    vocab = 151936  # Qwen2.5-0.5B
+    grown = slack(4096) - slack(1024)
+    assert grown == pytest.approx(C.ALLOCATOR_LOGITS_BLOCKS * 4 * vocab * 2 * 3072, abs=2)
+    assert grown > 1 * GIB  # 6k more tokens over a 152k vocabulary: not a rounding term
+
+
+def test_zero2_buckets_stay_cached_with_optimizer_offload_when_the_partition_outgrows_one() -> None:
+    from planner import constants as C
+
+    def slack(model: str) -> int:
+        resources = {"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "cpu", "offload_param": "none"}
+        return plan(job(model={"name": model}, method="full", resources=resources)).per_gpu.allocator_slack_bytes
+
+    def expected(vocab: int, hidden: int, buckets: int) -> float:
+        return (C.ALLOCATOR_SLACK_BYTES + C.ALLOCATOR_LOGITS_BLOCKS * 4 * vocab * 4 * 1024
+                + C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS * 4 * vocab * hidden + buckets * int(5e8) * 2)
+
+    # Llama 3.2 3B: 6.4 GB of bf16 gradients, several buckets, two of them cached (overlap_comm);
+    # Qwen2.5-0.5B: its 1.0 GB fit in one bucket, which the offloaded step reuses
+    assert slack("meta-llama/Llama-3.2-3B") == pytest.approx(expected(128256, 3072, 2), abs=4)
+    assert slack("Qwen/Qwen2.5-0.5B") == pytest.approx(expected(151936, 896, 0), abs=4)
