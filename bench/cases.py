@@ -463,6 +463,23 @@ def _heldout6() -> list[Case]:
     ]
 
 
+def _heldout7() -> list[Case]:
+    """Seven unseen configurations for the four-term allocator slack and the host model: ZeRO-3
+    with accumulation on two GPUs (1.5B and 7B full), LoRA with 16k tokens per micro-batch over
+    128k and 256k vocabularies, ZeRO-2 with optimizer offload of a partition larger than a bucket,
+    Mistral 7B LoRA with parameter offload on two GPUs, and ZeRO-3 optimizer offload on one GPU."""
+    h = "heldout7"
+    return [
+        make_case("qwen2.5-1.5b", "full", 3, "none", True, 1024, 2, 2, gpus=2, group=h),
+        make_case("llama-3.2-1b", "lora", 2, "none", True, 8192, 2, 1, group=h),
+        make_case("gemma-2-2b", "lora", 0, "none", True, 2048, 4, 1, group=h),
+        make_case("qwen2.5-3b", "full", 2, "opt", True, 2048, 1, 1, group=h, steps=2),
+        make_case("mistral-7b-v0.3", "lora", 3, "opt+param", True, 2048, 1, 1, gpus=2, group=h, steps=2),
+        make_case("llama-3.2-3b", "full", 3, "opt", True, 1024, 2, 1, group=h, steps=2),
+        make_case("qwen2.5-7b", "full", 3, "none", True, 2048, 1, 2, gpus=2, group=h),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -485,9 +502,10 @@ HELDOUT3_CASES: list[Case] = _heldout3()
 HELDOUT4_CASES: list[Case] = _heldout4()
 HELDOUT5_CASES: list[Case] = _heldout5()
 HELDOUT6_CASES: list[Case] = _heldout6()
+HELDOUT7_CASES: list[Case] = _heldout7()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
-                                   "heldout6": HELDOUT6_CASES,
+                                   "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
                                    "limit": _limit_experiment()}
 
 
