@@ -55,10 +55,12 @@ EVAL_ALLOCATOR_SLACK_FRACTION = 0.10
 #: after the warm-up steps in all 15 records without offload that carry per-phase host figures
 #: (one and two GPUs, 0.5B-8B).
 HOST_PROCESS_BYTES = int(2.15 * GIB)
-#: With the optimizer offloaded to the CPU, each rank holds more besides the states the planner
-#: counts: DeepSpeedCPUAdam's library and threads, torch's pinned-memory cache rounding up to
-#: powers of two. Fitted on the 10 offload records (host RSS: median error 2.7%, -3.5%/+6.7%).
-HOST_CPU_OPTIMIZER_BYTES = int(0.6 * GIB)
+#: With ZeRO-3's parameters offloaded to the CPU, each rank holds more besides the partitions the
+#: planner counts (torch's pinned-memory cache rounding the per-parameter blocks up, DeepSpeed's
+#: parameter bookkeeping): 0.17-0.60 GiB per rank in the five records with parameter offload,
+#: median 0.40. With the optimizer alone on the CPU the records show no such term (median -0.09
+#: GiB per rank over nine records, once the step's bf16 sub-group copy is counted).
+HOST_PARAM_OFFLOAD_BYTES = int(0.4 * GIB)
 #: Weight-file size assumed when the checkpoint's files are not at hand (a plan from model.name or
 #: model.config): the hub's sharding convention of 5 GB files.
 CHECKPOINT_SHARD_BYTES = 5_000_000_000

@@ -384,6 +384,10 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         # bf16 gradient partition buffer are pinned
         groups = _sub_groups(facts, n, int(s.knobs.sub_group_size))
         master = n * _FP32 * part
+        if s.offload_param == "none":
+            # the step copies each updated fp32 sub-group into the bf16 partition on the GPU; the
+            # dtype conversion happens on the host first, into a pageable bf16 copy of the group
+            master += n * w * max(groups, default=0)
         grads = n * (sum(_pinned(_FP32 * g, pin) for g in groups) + _pinned(w * part, pin))
         optimizer = moments * t
     elif s.offload_optimizer == "cpu":
@@ -412,7 +416,8 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     # one weight file at a time into host memory on every rank.
     load = n * _model_bytes(facts) if s.zero_stage < 3 else n * _shard_bytes(facts) + params
     resident = master + optimizer + grads + params + pinned
-    process = n * (C.HOST_PROCESS_BYTES + (C.HOST_CPU_OPTIMIZER_BYTES if s.offload_optimizer == "cpu" else 0))
+    param_offload = s.zero_stage == 3 and s.offload_param == "cpu"
+    process = n * (C.HOST_PROCESS_BYTES + (C.HOST_PARAM_OFFLOAD_BYTES if param_offload else 0))
     total = process + max(load, resident)
     host = HostEstimate(
         process_bytes=process,

@@ -383,3 +383,21 @@ def test_zero2_buckets_stay_cached_with_optimizer_offload_when_the_partition_out
     # Qwen2.5-0.5B: its 1.0 GB fit in one bucket, which the offloaded step reuses
     assert slack("meta-llama/Llama-3.2-3B") == pytest.approx(expected(128256, 3072, 2), abs=4)
     assert slack("Qwen/Qwen2.5-0.5B") == pytest.approx(expected(151936, 896, 0), abs=4)
+
+
+def test_zero3_optimizer_offload_holds_a_bf16_sub_group_on_the_host_during_the_step() -> None:
+    from planner import constants as C
+
+    def host(offload_param: str) -> Any:
+        resources = {"num_gpus": 2, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": offload_param}
+        spec = job(model={"name": "Qwen/Qwen2.5-3B"}, method="full", resources=resources,
+                   hardware=hardware(gpus=2, host_gib=256))
+        return plan(spec).host
+
+    gpu, cpu = host("none"), host("cpu")
+    # 1.5e9 parameters per rank: the sub-groups close at sub_group_size (1e9) elements, and the
+    # step's bf16 copy of the largest one is on the host next to the fp32 master
+    copy = gpu.master_weights_bytes - cpu.master_weights_bytes
+    assert 2 * 2 * 1e9 <= copy < 2 * 2 * 1.2e9
+    # with the parameters on the host, the conversion happens in place; their bookkeeping costs more
+    assert cpu.process_bytes - gpu.process_bytes == 2 * C.HOST_PARAM_OFFLOAD_BYTES
