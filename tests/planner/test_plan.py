@@ -360,7 +360,8 @@ def test_allocator_slack_grows_with_the_loss_blocks_of_a_micro_batch() -> None:
     def slack(seq_len: int) -> int:
         training = {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "seq_len": seq_len,
                     "gradient_checkpointing": True}
-        return plan(job(training=training, resources={"num_gpus": 1, "zero_stage": 0})).per_gpu.allocator_slack_bytes
+        spec = job(training=training, resources={"num_gpus": 1, "zero_stage": 0})
+        return plan(spec).per_gpu.allocator_slack_bytes
 
     vocab = 151936  # Qwen2.5-0.5B
     grown = slack(4096) - slack(1024)
@@ -373,7 +374,8 @@ def test_zero2_buckets_stay_cached_with_optimizer_offload_when_the_partition_out
 
     def slack(model: str) -> int:
         resources = {"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "cpu", "offload_param": "none"}
-        return plan(job(model={"name": model}, method="full", resources=resources)).per_gpu.allocator_slack_bytes
+        spec = job(model={"name": model}, method="full", resources=resources)
+        return plan(spec).per_gpu.allocator_slack_bytes
 
     def expected(vocab: int, hidden: int, buckets: int) -> float:
         return (C.ALLOCATOR_SLACK_BYTES + C.ALLOCATOR_LOGITS_BLOCKS * 4 * vocab * 4 * 1024
@@ -389,7 +391,8 @@ def test_zero3_optimizer_offload_holds_a_bf16_sub_group_on_the_host_during_the_s
     from planner import constants as C
 
     def host(offload_param: str) -> Any:
-        resources = {"num_gpus": 2, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": offload_param}
+        resources = {"num_gpus": 2, "zero_stage": 3, "offload_optimizer": "cpu",
+                     "offload_param": offload_param}
         spec = job(model={"name": "Qwen/Qwen2.5-3B"}, method="full", resources=resources,
                    hardware=hardware(gpus=2, host_gib=256))
         return plan(spec).host
