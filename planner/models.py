@@ -88,10 +88,9 @@ class PerGpuMemory(_Out):
     optimizer_step_bytes: int
     peak_phase: str
     total_bytes: int
-    #: The limit the training process sets on PyTorch's caching allocator on each GPU:
-    #: ``total_bytes`` less ``cuda_context_bytes`` (memory outside the allocator). The allocator
-    #: gives cached blocks back to the driver instead of growing past it, so the plan is a budget
-    #: the job keeps, not only a forecast.
+    #: PyTorch's share of ``total_bytes`` on each GPU: the total less ``cuda_context_bytes``
+    #: (memory outside its allocator). A job that shares its card runs with the allocator limited
+    #: to this plus a tolerance, so it gives cached blocks back instead of growing past its lease.
     allocator_limit_bytes: int
     capacity_bytes: int
 

@@ -346,12 +346,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _fail(job_dir: Path, exc: BaseException, trainer: Trainer | None) -> int:
     failure = classify(exc)
-    on_gpu = trainer is not None and trainer.run.device == "cuda"
-    limit = trainer.run.gpu_memory_limit_bytes if on_gpu and trainer is not None else None
+    run = trainer.run if trainer is not None else None
+    limit = run.gpu_memory_limit_bytes if run is not None and run.device == "cuda" else None
     if failure.reason == "cuda_oom" and limit is not None:
         failure = JobFailure(failure.kind, failure.reason,
-                             f"{failure.message} (PyTorch was held to the plan's {limit / 2**30:.2f} GiB "
-                             "per GPU: per_gpu.allocator_limit_bytes)")
+                             f"{failure.message} (the job shares its GPU, so PyTorch was held to "
+                             f"{limit / 2**30:.2f} GiB per GPU: the plan's per_gpu.allocator_limit_bytes "
+                             "plus TUNEBOX_SHARED_GPU_MEMORY_TOLERANCE)")
     if failure.kind != USER_ERROR or failure.reason == "error":
         traceback.print_exception(exc, file=sys.stderr)
     print(f"training failed: {failure.kind} {failure.reason}: {failure.message}", file=sys.stderr)

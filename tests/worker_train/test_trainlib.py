@@ -224,7 +224,7 @@ def test_an_oom_under_the_limit_names_the_plan_it_was_held_to(tmp_path: Path) ->
                                  is_rank0=True)
     assert train._fail(tmp_path, exc, held) == 3  # type: ignore[arg-type]
     failure = json.loads((tmp_path / "failure.json").read_text())
-    assert failure["reason"] == "cuda_oom" and "held to the plan's 3.00 GiB per GPU" in failure["message"]
+    assert failure["reason"] == "cuda_oom" and "PyTorch was held to 3.00 GiB per GPU" in failure["message"]
     free = types.SimpleNamespace(run=types.SimpleNamespace(device="cuda", gpu_memory_limit_bytes=None),
                                  is_rank0=True)
     train._fail(tmp_path, exc, free)  # type: ignore[arg-type]

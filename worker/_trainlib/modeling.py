@@ -21,10 +21,11 @@ def torch_dtype(precision: str, device: str) -> Any:
 
 
 def limit_gpu_memory(limit_bytes: int | None, device: int) -> float | None:
-    """Hold PyTorch's caching allocator on ``device`` to ``limit_bytes`` (the plan's
-    ``allocator_limit_bytes``). Past it the allocator frees its cached blocks and retries before it
-    reports an out-of-memory error, so the process keeps to its plan instead of caching what it
-    freed. Returns the fraction of the card set, ``None`` where there is no limit."""
+    """Hold PyTorch's caching allocator on ``device`` to ``limit_bytes`` (on a shared card, the
+    plan's ``allocator_limit_bytes`` plus the tolerance). Past it the allocator frees its cached
+    blocks and retries before it reports an out-of-memory error, so the process keeps to its lease
+    instead of caching what it freed. Returns the fraction of the card set, ``None`` where there is
+    no limit."""
     if limit_bytes is None:
         return None
     import torch

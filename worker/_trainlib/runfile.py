@@ -6,7 +6,7 @@
      "resolved": {"micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
                   "zero_stage", "offload_optimizer", "offload_param", "num_gpus", "precision"},
      "deepspeed_config": {...}, "device": "cuda" | "cpu",
-     "gpu_memory_limit_bytes": int | null}   # PyTorch allocator limit per GPU (the plan's)
+     "gpu_memory_limit_bytes": int | null}   # PyTorch allocator limit per GPU on a shared card
 
 ``failure.json``: ``{"kind": "user_error" | "error", "reason": str, "message": str}``.
 """
