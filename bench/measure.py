@@ -545,6 +545,72 @@ def prebuild(ops: list[str], work: Path, limit_s: float) -> dict[str, Any]:
     return versions
 
 
+def host_probe(work: Path, limit_s: float) -> dict[str, Any] | None:
+    """This host's speed at what sets the host clock of a step, measured once per run in a child
+    (``--probe``): a pure-Python loop, a small tensor op's dispatch on the training device, and a
+    module call through two Python hooks (what ZeRO-3 adds to every module). Sessions on the same
+    kind of machine differ in step time; these figures say whether the host is why."""
+    out, log = work / "probe.json", work / "probe.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "bench.measure", "--probe", "--result", str(out)],
+                                cwd=REPO, env=_child_env(0, 1, _free_port()), stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    probe = _read_json(out)
+    if probe is None:
+        print(f"  host probe: FAILED (rc {proc.returncode})\n{_tail(log, 15)}", flush=True)
+        return None
+    print("  host probe: " + ", ".join(f"{k} {v}" for k, v in probe.items()), flush=True)
+    return probe
+
+
+def probe_main(result: Path, repeats: int = 5) -> int:
+    import torch
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def best_of(fn: Callable[[], None], n: int) -> float:
+        """Least seconds per call of ``fn`` over ``repeats`` rounds of ``n`` calls (after one warm-up)."""
+        fn()
+        sync()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            sync()
+            times.append((time.perf_counter() - t0) / n)
+        return min(times)
+
+    def python_loop() -> None:
+        acc = 0
+        for i in range(1000):
+            acc += i
+
+    x = torch.zeros(1024, device=device)
+    layer = torch.nn.Linear(64, 64).to(device)
+    layer.register_forward_pre_hook(lambda module, args: None)
+    layer.register_forward_hook(lambda module, args, output: None)
+    inp = torch.zeros(1, 64, device=device)
+    with torch.no_grad():
+        figures = {
+            "device": device.type,
+            "python_loop_1000_us": round(best_of(python_loop, 200) * 1e6, 2),
+            "tensor_op_us": round(best_of(lambda: x.mul_(1.0), 2000) * 1e6, 2),
+            "hooked_module_us": round(best_of(lambda: layer(inp), 2000) * 1e6, 2),
+        }
+    result.write_text(json.dumps(figures))
+    return 0
+
+
 def env_info(gpus: Gpus, versions: dict[str, Any]) -> dict[str, Any]:
     return {"gpu_name": gpus.name, "gpu_memory_bytes": gpus.memory_bytes, "gpu_count": len(gpus.handles),
             "torch": versions.get("torch"), "cuda": versions.get("cuda"),
@@ -640,6 +706,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-case-timeout", type=float, default=90.0, help="floor of the per-case limit (s)")
     p.add_argument("--no-prebuild", action="store_true",
                    help="do not build DeepSpeed ops first (their build time then lands in a case)")
+    p.add_argument("--no-probe", action="store_true",
+                   help="do not measure the host's Python, dispatch and hook speed first (env.host_probe)")
     p.add_argument("--host-memory-bytes", type=int, default=None,
                    help="host RAM recorded in each spec's hardware (default 128 GiB per GPU)")
     p.add_argument("--work-dir", type=Path, default=None, help="where per-case logs go (default: a temp dir)")
@@ -699,6 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget_seconds if args.budget_seconds is not None else float("inf")
     versions = {} if args.no_prebuild else prebuild(_needed_ops(todo), work, min(900.0, budget))
     env = env_info(gpus, versions)
+    env["host_probe"] = None if args.no_probe else host_probe(work, min(120.0, budget))
     try:
         counts = _run_all(todo, args, env, gpus, work, out, start, budget)
     finally:
@@ -1059,6 +1128,11 @@ def _dispatch(argv: list[str]) -> int:
         p.add_argument("--result", type=Path, required=True)
         a = p.parse_args(argv)
         return child_main(a.child, a.rank, a.result)
+    if argv[:1] == ["--probe"]:
+        p = argparse.ArgumentParser()
+        p.add_argument("--probe", action="store_true")
+        p.add_argument("--result", type=Path, required=True)
+        return probe_main(p.parse_args(argv).result)
     if argv[:1] == ["--prebuild"]:
         p = argparse.ArgumentParser()
         p.add_argument("--prebuild", required=True)

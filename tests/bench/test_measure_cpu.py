@@ -96,6 +96,11 @@ def test_record_carries_spec_config_and_env(run: dict[str, Any]) -> None:
     assert env["gpu_count"] == 0 and env["gpu_name"] is None
     assert env["torch"] and env["deepspeed"] and env["transformers"] and env["peft"]
     assert env["host_memory_bytes"] > 2**30
+    probe = env["host_probe"]  # measured once per run, in a child, on the training device
+    assert probe["device"] == "cpu"
+    assert all(probe[k] > 0 for k in ("python_loop_1000_us", "tensor_op_us", "hooked_module_us"))
+    # a module call through two Python hooks costs more than one bare tensor op
+    assert probe["hooked_module_us"] > probe["tensor_op_us"]
     assert set(rec) == {"case", "spec", "deepspeed_config", "status", "error", "measured", "env",
                         "wall_seconds", "gpu_memory_limit"}
     assert rec["gpu_memory_limit"] == {"mode": "none", "slack_share": 1.0, "limit_bytes": None}
@@ -137,7 +142,7 @@ def test_case_limit_and_budget_stop_record_timeouts(tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     # Neither case can even import torch in 3 s: the first hits its own limit, the second the budget.
     proc = _harness(tmp_path, "--cases-file", str(tmp_path / "cases.json"), "--out", str(out),
-                    "--no-prebuild", "--min-case-timeout", "3", "--timeout-factor", "1",
+                    "--no-prebuild", "--no-probe", "--min-case-timeout", "3", "--timeout-factor", "1",
                     "--budget-seconds", "6")
     assert proc.returncode == 0, proc.stderr
     recs = {r["case"]: r for r in map(json.loads, out.read_text().splitlines())}
