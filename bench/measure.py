@@ -517,25 +517,33 @@ def _needed_ops(cases: list[Case]) -> list[str]:
     return ops
 
 
+def _start_helper(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """``python -m bench.measure ARGS`` as a one-GPU child in its own session, output to ``log``."""
+    with open(log, "wb") as fh:
+        return subprocess.Popen([sys.executable, "-m", "bench.measure", *args], cwd=REPO,
+                                env=_child_env(0, 1, _free_port()), stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _wait_helper(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def prebuild(ops: list[str], work: Path, limit_s: float) -> dict[str, Any]:
     """Build (or load from TORCH_EXTENSIONS_DIR) each op in parallel processes; return versions."""
     procs = []
     for op in ops:
         out = work / f"prebuild-{op}.json"
         log = work / f"prebuild-{op}.log"
-        with open(log, "wb") as fh:
-            procs.append((op, out, log, subprocess.Popen(
-                [sys.executable, "-m", "bench.measure", "--prebuild", op, "--result", str(out)],
-                cwd=REPO, env=_child_env(0, 1, _free_port()), stdout=fh, stderr=subprocess.STDOUT,
-                start_new_session=True)))
+        procs.append((op, out, log, _start_helper(["--prebuild", op, "--result", str(out)], log)))
     versions: dict[str, Any] = {}
     deadline = time.monotonic() + limit_s
     for op, out, log, proc in procs:
-        try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _wait_helper(proc, max(1.0, deadline - time.monotonic()))
         info = _read_json(out)
         if info is None:
             print(f"  prebuild {op}: FAILED (rc {proc.returncode})\n{_tail(log, 15)}", flush=True)
@@ -551,15 +559,8 @@ def host_probe(work: Path, limit_s: float) -> dict[str, Any] | None:
     module call through two Python hooks (what ZeRO-3 adds to every module). Sessions on the same
     kind of machine differ in step time; these figures say whether the host is why."""
     out, log = work / "probe.json", work / "probe.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "bench.measure", "--probe", "--result", str(out)],
-                                cwd=REPO, env=_child_env(0, 1, _free_port()), stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    proc = _start_helper(["--probe", "--result", str(out)], log)
+    _wait_helper(proc, limit_s)
     probe = _read_json(out)
     if probe is None:
         print(f"  host probe: FAILED (rc {proc.returncode})\n{_tail(log, 15)}", flush=True)
