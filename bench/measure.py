@@ -434,10 +434,9 @@ class MemoryLimit:
 
 
 def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: float,
-             budget_clamped: bool, warmup_steps: int, memory: MemoryLimit | None = None) -> dict[str, Any]:
+             budget_clamped: bool, warmup_steps: int, memory: MemoryLimit = MemoryLimit()) -> dict[str, Any]:
     t0 = time.monotonic()
     spec = case.spec
-    memory = memory or MemoryLimit("none")
     record: dict[str, Any] = {"case": case.name, "spec": spec, "deepspeed_config": None, "status": "error",
                               "error": None, "measured": None, "env": env, "wall_seconds": None}
     try:
@@ -931,10 +930,9 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local_rank)
-        if job.get("gpu_memory_limit_bytes"):
-            from worker._trainlib.modeling import limit_gpu_memory
+        from worker._trainlib.modeling import limit_gpu_memory
 
-            limit_gpu_memory(int(job["gpu_memory_limit_bytes"]), local_rank)
+        limit_gpu_memory(job.get("gpu_memory_limit_bytes"), local_rank)
         if os.environ.get(ALLOC_TRACE_ENV):
             torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
             result["alloc_trace"] = True
