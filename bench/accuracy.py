@@ -17,10 +17,10 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 if __package__ in (None, ""):  # run as a script: make ``planner`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -365,6 +365,30 @@ def fit_slack(cases: Sequence[SlackCase]) -> Slack:
     return _grid_best(cases, fine)
 
 
+class _FromFile(Protocol):
+    @property
+    def source(self) -> str: ...
+
+
+CaseT = TypeVar("CaseT", bound=_FromFile)
+FitT = TypeVar("FitT")
+
+
+def held_out_errors(cases: Sequence[CaseT], fit: Callable[[Sequence[CaseT]], FitT],
+                    error: Callable[[CaseT, FitT], float]) -> tuple[list[float], list[float]]:
+    """(leave-one-out, leave-one-file-out) errors: each case predicted by ``fit`` on the others,
+    and by ``fit`` on the other results files (empty with a single file); in ``cases`` order within
+    each file."""
+    loo = [error(c, fit([*cases[:i], *cases[i + 1 :]])) for i, c in enumerate(cases)]
+    sources = sorted({c.source for c in cases})
+    by_file: list[float] = []
+    if len(sources) > 1:
+        for source in sources:
+            fitted = fit([c for c in cases if c.source != source])
+            by_file += [error(c, fitted) for c in cases if c.source == source]
+    return loo, by_file
+
+
 def cross_validation(rows: Sequence[Row]) -> list[str]:
     """In-sample, leave-one-out and leave-one-file-out GPU peak errors of the slack fit: what the
     planner can be expected to do on a configuration it has not seen."""
@@ -373,13 +397,7 @@ def cross_validation(rows: Sequence[Row]) -> list[str]:
         return ["- too few records to cross-validate"]
     fitted = fit_slack(cases)
     in_sample = [c.error(*fitted) for c in cases]
-    loo = [c.error(*fit_slack(cases[:i] + cases[i + 1 :])) for i, c in enumerate(cases)]
-    sources = sorted({c.source for c in cases})
-    by_file: list[float] = []
-    if len(sources) > 1:
-        for source in sources:
-            constants = fit_slack([c for c in cases if c.source != source])
-            by_file += [c.error(*constants) for c in cases if c.source == source]
+    loo, by_file = held_out_errors(cases, fit_slack, lambda c, k: c.error(*k))
     current = _slack_constants()
     lines = [
         f"- refit on all records: ALLOCATOR_SLACK_BYTES {fitted[0] / GIB:.3f} GiB, "
@@ -507,13 +525,7 @@ def speed_cross_validation(rows: Sequence[Row]) -> list[str]:
         return ["- too few records to cross-validate"]
     fitted = fit_speed(cases)
     in_sample = [_speed_error(c, fitted) for c in cases]
-    loo = [_speed_error(c, fit_speed(cases[:i] + cases[i + 1 :])) for i, c in enumerate(cases)]
-    sources = sorted({c.source for c in cases})
-    by_file: list[float] = []
-    if len(sources) > 1:
-        for source in sources:
-            k = fit_speed([c for c in cases if c.source != source])
-            by_file += [_speed_error(c, k) for c in cases if c.source == source]
+    loo, by_file = held_out_errors(cases, fit_speed, _speed_error)
     current = SpeedConstants()
     refit = ", ".join(f"{n} {getattr(fitted, n):.3g} ({getattr(current, n):.3g})" for n in _SPEED_FIELDS)
     lines = [
@@ -715,29 +727,28 @@ HISTORY = [
     "without offload that carry per-phase host figures measured after their warm-up (2.03-2.23 "
     "GiB), and 0.6 GiB more with the optimizer on "
     "the CPU (fitted); the two-GPU offload records had been over-estimated by +8.6% and +12.6%.",
-    "- 2026-11-30: those constants were checked against 14 more unseen configurations in two "
-    "results files. `nvidia-h200-x2-2026-11-30-heldout-5.jsonl` (eight, six of them ZeRO-3 on two "
-    "GPUs; run with PyTorch's allocator limited to the plan, which made it give back cache once, in "
-    "one case): GPU peak median |error| 4.8%, no under-estimate, worst over-estimate +8.6%. "
-    "`nvidia-h200-x2-2026-11-30-heldout-6.jsonl` (six, unlimited): -9.9% (Llama 3.2 3B, ZeRO-2 "
-    "with optimizer offload: reserved minus allocated 9.7 GiB, planned 7.3) and -8.0% (Qwen2.5-0.5B "
-    "LoRA, ZeRO-0, 16k tokens per micro-batch: 5.2 GiB, planned 2.4), the others -0.2% to +7.8%. "
-    "Over the 14: torch allocated median 0.6%, worst -12.1% (Phi-3 mini, ZeRO-3, optimizer offload, "
-    "two GPUs) / +10.2%; host RSS of the four offload cases -3.3% to +23.5% (LoRA with the optimizer "
-    "on the CPU: the fixed 0.6 GiB per rank is too much for its small states); step time median "
-    "14.5%, worst -28.1% / +77.2% (ZeRO-1 on two GPUs). Since then the slack has a fourth term, "
-    "0.3375 x one micro-batch's fp32 logits (the loss's vocabulary-sized blocks), ZeRO-1/2's "
-    "unreusable buckets count with optimizer offload too, and the four slack constants are fitted "
-    "on all 59 records (leave-one-file-out: median 4.2%, worst -4.8%, against -9.2% for the "
-    "three-term form refitted on the same 59). The host's 0.6 GiB per rank with the optimizer on "
-    "the CPU is replaced by what the per-phase host figures show: ZeRO-3 with the optimizer on the "
-    "CPU and the parameters on the GPU converts each updated sub-group into a pageable bf16 copy on "
+    "- 2026-11-30: those constants were checked against 14 more unseen configurations in two results "
+    "files. `nvidia-h200-x2-2026-11-30-heldout-5.jsonl` (eight, six of them ZeRO-3 on two GPUs; run "
+    "with PyTorch's allocator limited to the plan, which made it give back cache once, in one case): "
+    "GPU peak median |error| 4.8%, no under-estimate, worst over-estimate +8.6%. "
+    "`nvidia-h200-x2-2026-11-30-heldout-6.jsonl` (six, unlimited): -9.9% (Llama 3.2 3B, ZeRO-2 with "
+    "optimizer offload: reserved minus allocated 9.7 GiB, planned 7.3) and -8.0% (Qwen2.5-0.5B LoRA, "
+    "ZeRO-0, 16k tokens per micro-batch: 5.2 GiB, planned 2.4), the others -0.2% to +7.8%. Over the "
+    "14: torch allocated median 0.6%, worst -12.1% (Phi-3 mini, ZeRO-3, optimizer offload, two GPUs) "
+    "/ +10.2%; host RSS of the four offload cases -3.3% to +23.5% (LoRA with the optimizer on the "
+    "CPU: the fixed 0.6 GiB per rank is too much for its small states); step time median 14.5%, worst"
+    " -28.1% / +77.2% (ZeRO-1 on two GPUs). Since then the slack has a fourth term, 0.3375 x one "
+    "micro-batch's fp32 logits (the loss's vocabulary-sized blocks), ZeRO-1/2's unreusable buckets "
+    "count with optimizer offload too, and the four slack constants are fitted on all 59 records "
+    "(leave-one-file-out: median 4.2%, worst -4.8%). The host's 0.6 GiB per rank with the optimizer "
+    "on the CPU is replaced by what the per-phase host figures show: ZeRO-3 with the optimizer on the"
+    " CPU and the parameters on the GPU converts each updated sub-group into a pageable bf16 copy on "
     "the host (1.86 GiB per rank at the default sub_group_size: all of those records' RSS peak over "
-    "their steady state), and parameter offload costs 0.4 GiB more per rank (median of five). "
-    "The step-time constants are not refitted: on the 59 "
-    "records a refit changes the in-sample median from 13.7% to 13.6%. With PyTorch's allocator "
-    "held to its allocated peak plus a fifth of the planned slack, 6 of 7 configurations ran out of "
-    "memory (`bench/results/memory-limit/`): the cached blocks are needed, not idle.",
+    "their steady state), and parameter offload costs 0.4 GiB more per rank (median of five). The "
+    "step-time constants are not refitted: on the 59 records a refit changes the in-sample median "
+    "from 13.7% to 13.6%. With PyTorch's allocator held to its allocated peak plus a fifth of the "
+    "planned slack, 6 of 7 configurations ran out of memory (`bench/results/memory-limit/`): the "
+    "cached blocks are needed, not idle.",
     "- 2026-11-30: those constants and that host model were checked against seven more unseen "
     "configurations (`nvidia-h200-x2-2026-11-30-heldout-7.jsonl`: ZeRO-3 with accumulation on two "
     "GPUs, LoRA with 16k tokens per micro-batch over 128k and 256k vocabularies, ZeRO-2 with "
