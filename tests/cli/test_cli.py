@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,6 +18,7 @@ from store.models import ApiToken, Job
 from store.states import JobStatus, transition
 from tests.api.conftest import BOX, Env, job_spec, serve_in_thread
 from tunebox.cli import main, progress_line
+from tunebox.client import Client
 
 S = JobStatus
 
@@ -66,16 +67,29 @@ def test_submit_that_does_not_fit_prints_fields_and_alternatives(
     assert server.count(Job) == 0
 
 
-def test_watch_exits_0_on_success_and_1_otherwise(server: Env, capsys: pytest.CaptureFixture[str]) -> None:
+def test_watch_exits_0_on_success_and_1_otherwise(server: Env, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # The job ends only after the watch has seen it running, however slow the box is.
+    seen_running = threading.Event()
+    fetch = Client.job
+
+    def job_seen(self: Client, job_id: str) -> dict[str, Any]:
+        job = fetch(self, job_id)
+        if job["status"] == S.RUNNING.value:
+            seen_running.set()
+        return job
+
+    monkeypatch.setattr(Client, "job", job_seen)
     for end, code in ((S.SUCCEEDED, 0), (S.FAILED, 1)):
         job = server.submit()
+        seen_running.clear()
 
         def worker(job_id: str = job["id"], end: JobStatus = end) -> None:
             with session_scope(server.url) as session:
                 transition(session, job_id, S.STARTING)
                 transition(session, job_id, S.RUNNING, step=5, total_steps=10, loss=1.25,
                            tokens_per_second=1234.0, eta_seconds=65)
-            time.sleep(0.3)
+            assert seen_running.wait(60)
             failure = {"failure_kind": "error", "failure_reason": "cuda_oom",
                        "failure_message": "out of memory"} if end is S.FAILED else {"step": 10}
             with session_scope(server.url) as session:
