@@ -719,12 +719,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--limit-slack-share", type=float, default=1.0,
                    help="with --gpu-memory-limit plan: keep only this share of the planned allocator "
                    "slack in the limit (below 1: an experiment, not an accuracy record)")
-    p.add_argument("--alloc-trace", action="store_true",
+    p.add_argument("--alloc-trace", nargs="?", const="python", choices=("python", "none"), default=None,
                    help="record the caching allocator's history and write each rank's segment growth "
+                   "and, per phase of each micro-step, the allocated peak and what was live there "
                    "(alloc-trace-rankN.json beside its log); the recording slows the steps and grows "
                    "host memory, so such records are diagnostics, not accuracy records. With torch "
-                   "2.11 and DeepSpeed 0.19.8 a ZeRO-3 run fails in its first step with the "
-                   "recording on; the trace up to there is still written")
+                   "2.11 and DeepSpeed 0.19.8 a ZeRO-3 run fails in its first step when Python "
+                   "stacks are recorded; 'none' records sizes only")
     args = p.parse_args(argv)
     if not 0.0 <= args.limit_slack_share <= 1.0:
         p.error("--limit-slack-share must lie in [0, 1]")
@@ -761,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     if not todo:
         return 0
     if args.alloc_trace:
-        os.environ[ALLOC_TRACE_ENV] = "1"  # inherited by every rank
+        os.environ[ALLOC_TRACE_ENV] = args.alloc_trace  # inherited by every rank
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="tunebox-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     budget = args.budget_seconds if args.budget_seconds is not None else float("inf")
@@ -934,7 +935,10 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
 
         limit_gpu_memory(job.get("gpu_memory_limit_bytes"), local_rank)
         if os.environ.get(ALLOC_TRACE_ENV):
-            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+            # "none": sizes and addresses only (the recording of Python stacks breaks ZeRO-3's linear)
+            with_stacks = os.environ[ALLOC_TRACE_ENV] != "none"
+            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python",
+                                                     context="alloc" if with_stacks else None)
             result["alloc_trace"] = True
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     peaks = _Peaks(torch, cuda)
@@ -960,14 +964,27 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     shape = (int(tr["micro_batch_size"]), int(tr["seq_len"]))
     torch.manual_seed(1234 + rank)
 
+    marks: list[str] | None = result.setdefault("trace_marks", []) if result.get("alloc_trace") else None
+    counter = iter(range(1 << 30))
+
+    def mark(label: str) -> None:
+        if marks is not None:
+            _trace_mark(torch, label, marks)
+
     def micro_step(before_step: Callable[[], None] | None = None) -> Any:
+        k = next(counter)
         ids = torch.randint(0, vocab, shape, device=engine.device)
+        mark(f"forward {k}")
         loss = engine(input_ids=ids, labels=ids).loss
+        mark(f"backward {k}")
         engine.backward(loss)
         if before_step:
             before_step()
+        mark(f"step {k}")
         engine.step()
         return loss.detach()
+
+    mark("initialised")
 
     for _ in range(int(job["warmup_micro_steps"])):
         micro_step()
@@ -1046,34 +1063,100 @@ def child_main(case_file: Path, rank: int, result_path: Path) -> int:
     os._exit(0 if result["status"] == "ok" else 3)
 
 
-def alloc_trace_summary(snapshot: dict[str, Any], device: int, frames: int = 8) -> dict[str, Any]:
-    """The caching allocator's history on one device, reduced to what explains reserved minus
-    allocated: every segment it reserved (size, the allocated total just before, the request that
-    caused it and where it came from), the moment reserved peaked, and each segment's free blocks
-    at the end."""
+def _trace_mark(torch: Any, label: str, marks: list[str]) -> None:
+    """Put a recognisable allocation into the allocator's history (found by this function's name in
+    its frames) so the summary can split the history into the phases of a step."""
+    marks.append(label)
+    torch.empty(TRACE_MARK_BYTES, dtype=torch.uint8, device="cuda")  # freed at once
+
+
+#: An odd size (a multiple of the allocator's 512-byte rounding) that a history without stacks can
+#: still tell apart from the model's own blocks.
+TRACE_MARK_BYTES = 1021 * 512
+_NO_PYTHON = "(no Python frame: the autograd engine)"
+
+
+def _live_key(ev: dict[str, Any]) -> str:
+    """Blocks are grouped by the first frames of their allocation; blocks without a Python frame
+    (the autograd engine's, or every block in a history without stacks) by their size."""
+    return " < ".join(_where(ev, 3)) or f"{_NO_PYTHON}, {int(ev.get('size', 0))} B each"
+
+
+def _where(ev: dict[str, Any], frames: int) -> list[str]:
+    return [f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in ev.get("frames", [])
+            if "torch/" not in f["filename"] or "torch/nn/modules" in f["filename"]][:frames]
+
+
+def _is_mark(ev: dict[str, Any]) -> bool:
+    if ev.get("action") != "alloc":
+        return False
+    frames = ev.get("frames") or []
+    if frames:
+        return any(f.get("name") == "_trace_mark" for f in frames)
+    return int(ev.get("size", 0)) == TRACE_MARK_BYTES
+
+
+def _live_groups(live: dict[int, tuple[int, str]], top: int) -> list[dict[str, Any]]:
+    groups: dict[str, list[int]] = {}
+    for size, key in live.values():
+        groups.setdefault(key, []).append(size)
+    rows = [{"where": key, "bytes": sum(sizes), "count": len(sizes),
+             "largest": sorted(sizes, reverse=True)[:4]} for key, sizes in groups.items()]
+    return sorted(rows, key=lambda r: -r["bytes"])[:top]
+
+
+def alloc_trace_summary(snapshot: dict[str, Any], device: int, frames: int = 8,
+                        marks: list[str] | None = None, top: int = 25) -> dict[str, Any]:
+    """The caching allocator's history on one device, reduced to what explains the peaks: every
+    segment it reserved (size, the allocated total just before, the request that caused it and where
+    it came from), the moment reserved peaked, each segment's free blocks at the end, and, for the
+    whole history and for each phase between two marks (``_trace_mark``), the allocated peak with
+    the blocks live at that moment grouped by where they were allocated."""
     events = snapshot.get("device_traces", [[]])[device]
     allocated = reserved = 0
     peak_alloc = peak_res = 0
     at_peak_res: dict[str, int] = {}
     grows: list[dict[str, Any]] = []
+    labels = list(marks or [])
+    phase = ["before the first mark"]
+    phase_peaks: dict[int, tuple[int, int]] = {}  # phase index -> (allocated peak, event)
+    peak_event = -1
     for i, ev in enumerate(events):
         action, size = ev.get("action"), int(ev.get("size", 0))
+        if _is_mark(ev):
+            phase.append(labels[len(phase) - 1] if len(phase) - 1 < len(labels) else f"mark {len(phase)}")
         if action == "alloc":
             allocated += size
-            peak_alloc = max(peak_alloc, allocated)
+            if allocated > peak_alloc:
+                peak_alloc, peak_event = allocated, i
+            p = len(phase) - 1
+            if allocated > phase_peaks.get(p, (-1, 0))[0]:
+                phase_peaks[p] = (allocated, i)
         elif action == "free_completed":
             allocated -= size
         elif action == "segment_alloc":
             reserved += size
-            where = [f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in ev.get("frames", [])
-                     if "torch/" not in f["filename"] or "torch/nn/modules" in f["filename"]][:frames]
             grows.append({"event": i, "segment_bytes": size, "allocated_before": allocated,
-                          "reserved_after": reserved, "where": where})
+                          "reserved_after": reserved, "where": _where(ev, frames)})
         elif action == "segment_free":
             reserved -= size
         if reserved > peak_res:
             peak_res = reserved
             at_peak_res = {"event": i, "reserved": reserved, "allocated": allocated}
+    # Replay once more, keeping every live block, to list what was live at each peak.
+    wanted = {ev_i: p for p, (_, ev_i) in phase_peaks.items()}
+    live: dict[int, tuple[int, str]] = {}
+    at: dict[int, list[dict[str, Any]]] = {}
+    for i, ev in enumerate(events):
+        action = ev.get("action")
+        if action == "alloc":
+            live[int(ev.get("addr", i))] = (int(ev.get("size", 0)), _live_key(ev))
+        elif action == "free_completed":
+            live.pop(int(ev.get("addr", -1)), None)
+        if i in wanted or i == peak_event:
+            at[i] = _live_groups(live, top)
+    phases_out = [{"phase": phase[p], "peak_allocated": a, "event": ev_i, "live": at.get(ev_i, [])}
+                  for p, (a, ev_i) in sorted(phase_peaks.items())]
     segments = []
     for seg in snapshot.get("segments", []):
         if seg.get("device") != device:
@@ -1083,15 +1166,17 @@ def alloc_trace_summary(snapshot: dict[str, Any], device: int, frames: int = 8) 
         segments.append({"total_bytes": int(seg["total_size"]), "allocated_bytes": int(seg["allocated_size"]),
                          "free_blocks": free[:8], "free_bytes": sum(free)})
     return {"events": len(events), "peak_allocated": peak_alloc, "peak_reserved": peak_res,
-            "at_peak_reserved": at_peak_res, "segment_allocs": grows,
+            "at_peak_reserved": at_peak_res, "at_peak_allocated": {"event": peak_event,
+                                                                   "live": at.get(peak_event, [])},
+            "phases": phases_out, "segment_allocs": grows,
             "segments_at_end": sorted(segments, key=lambda s: -s["total_bytes"])}
 
 
-def _write_alloc_trace(result_path: Path) -> None:
+def _write_alloc_trace(result_path: Path, marks: list[str] | None) -> None:
     import torch
 
     dev = torch.cuda.current_device()
-    summary = alloc_trace_summary(torch.cuda.memory._snapshot(), dev)
+    summary = alloc_trace_summary(torch.cuda.memory._snapshot(), dev, marks=marks)
     (result_path.parent / f"alloc-trace-{result_path.stem}.json").write_text(json.dumps(summary))
 
 
@@ -1100,7 +1185,7 @@ def _finish(result: dict[str, Any], result_path: Path) -> None:
 
     if result.get("alloc_trace"):
         with contextlib.suppress(Exception):
-            _write_alloc_trace(result_path)
+            _write_alloc_trace(result_path, result.pop("trace_marks", None))
     peaks = result.pop("peaks", None)
     if peaks is not None:
         with contextlib.suppress(Exception):

@@ -171,12 +171,15 @@ class _Phases:
 
     ``persistent`` lives from initialisation on (so also at the loss, the forward/backward peak of
     most jobs); ``backward`` comes into being during backward and is released by the optimizer
-    step; ``step`` exists only inside the optimizer step.
+    step; ``step`` exists only inside the optimizer step; ``accumulated`` is the part of
+    ``backward`` that a micro-step before the accumulation boundary leaves for the next one's
+    forward (and so for its loss).
     """
 
     persistent: float = 0.0
     backward: float = 0.0
     step: float = 0.0
+    accumulated: float = 0.0
 
 
 def _gradients(facts: ModelFacts, s: Setup, w: int) -> _Phases:
@@ -184,20 +187,25 @@ def _gradients(facts: ModelFacts, s: Setup, w: int) -> _Phases:
     part = t / _partition(s)
     offloaded = s.offload_optimizer != "none"
     largest = w * (facts.arch.largest_param if s.method == "full" else _largest_trainable(facts))
+    accumulating = s.gradient_accumulation_steps > 1
     if s.zero_stage == 0:
         # FP16_Optimizer (bf16): the step upcasts every .grad to fp32 in a list, then flattens it;
-        # the bf16 grads are set to None only after that, so all three coexist.
-        return _Phases(backward=w * t, step=w * t + 2 * _FP32 * t)
+        # the bf16 grads are set to None only after that, so all three coexist. Between micro-steps
+        # the .grads accumulate in place.
+        return _Phases(backward=w * t, step=w * t + 2 * _FP32 * t, accumulated=w * t if accumulating else 0.0)
     if s.zero_stage == 1:
+        # ZeRO-1 reduces only at the accumulation boundary: until then every .grad stays whole.
         copy = w * part if s.knobs.contiguous_gradients and not offloaded else 0.0
         whole = w * t + copy
-        return _Phases(backward=whole, step=whole + (0.0 if offloaded else (w + _FP32) * part))
+        step = whole + (0.0 if offloaded else (w + _FP32) * part)
+        return _Phases(backward=whole, step=step, accumulated=w * t if accumulating else 0.0)
     if s.zero_stage == 2:
         if offloaded:  # each reduced gradient goes straight to the host's fp32 buffer
             return _Phases(backward=largest)
         # grads_in_partition is created at the first gradient and released by the step, which
-        # flattens the partition and upcasts it to fp32.
-        return _Phases(backward=w * part + largest, step=w * part + (w + _FP32) * part)
+        # flattens the partition and upcasts it to fp32; micro-steps accumulate into it.
+        return _Phases(backward=w * part + largest, step=w * part + (w + _FP32) * part,
+                       accumulated=w * part if accumulating else 0.0)
     if offloaded:  # ZeRO-3 keeps its gradient partition buffer on the host
         return _Phases(backward=largest)
     # ZeRO-3: the bf16 gradient partition buffer exists from initialisation; the step flattens
@@ -482,10 +490,12 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     gathered = _gathered_bytes(facts, s)
     resident = weights + optim + grads.persistent + bufs.persistent
     # Forward/backward peaks either at the loss (saved activations + vocab-sized fp32 tensors,
-    # before any gradient exists) or later in backward (gradients and reduction buckets).
+    # before any gradient of this micro-step exists) or later in backward (gradients and reduction
+    # buckets).
     at_loss = acts.kept_at_loss_bytes + acts.logits_bytes
     in_backward = acts.backward_bytes + grads.backward + bufs.backward
-    forward_backward = resident + gathered + max(at_loss, _at_head_backward(facts, s, w, acts), in_backward)
+    before_gradients = max(at_loss, _at_head_backward(facts, s, w, acts)) + grads.accumulated
+    forward_backward = resident + gathered + max(before_gradients, in_backward)
     step = resident + grads.step + bufs.step
     allocated = max(forward_backward, step)
     slack = _allocator_slack(facts, s, w, gathered)
