@@ -164,7 +164,8 @@ def logits_bytes_per_token(arch: Arch, act: int) -> int:
     # forward's bf16 logits + fp32 copy + log-softmax is smaller ((act + 8) <= 12 bytes).
     per_token = max(3 * _FP32, act + 2 * _FP32) * arch.vocab_size
     if arch.final_logit_softcapping:
-        per_token += 2 * act * arch.vocab_size  # tanh output and its scaled copy
+        # tanh saves its output; the scaled logits it becomes are freed once the loss upcasts them
+        per_token += act * arch.vocab_size
     return per_token
 
 

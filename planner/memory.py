@@ -47,6 +47,8 @@ __all__ = [
 #: NF4 with double quantisation: 4 bits, one 8-bit absmax per 64-block, one fp32 per 256 blocks.
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 _FP32 = 4
+_FP64 = 8
+_NORM_CHUNK = 250_000_000  # ZeRO-3's _constant_buffered_norm2 takes norms in chunks of this many elements
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,11 +196,12 @@ def _gradients(facts: ModelFacts, s: Setup, w: int) -> _Phases:
         # the .grads accumulate in place.
         return _Phases(backward=w * t, step=w * t + 2 * _FP32 * t, accumulated=w * t if accumulating else 0.0)
     if s.zero_stage == 1:
-        # ZeRO-1 reduces only at the accumulation boundary: until then every .grad stays whole.
+        # ZeRO-1 reduces only at the accumulation boundary: until then every .grad stays whole. The
+        # boundary's epilogue flattens this rank's reduced partition and drops the .grads, so the
+        # step holds what ZeRO-2's does: the flat bf16 partition and its fp32 upcast.
         copy = w * part if s.knobs.contiguous_gradients and not offloaded else 0.0
-        whole = w * t + copy
-        step = whole + (0.0 if offloaded else (w + _FP32) * part)
-        return _Phases(backward=whole, step=step, accumulated=w * t if accumulating else 0.0)
+        step = 0.0 if offloaded else w * part + (w + _FP32) * part
+        return _Phases(backward=w * t + copy, step=step, accumulated=w * t if accumulating else 0.0)
     if s.zero_stage == 2:
         if offloaded:  # each reduced gradient goes straight to the host's fp32 buffer
             return _Phases(backward=largest)
@@ -236,9 +239,13 @@ def _zero_buffers(facts: ModelFacts, s: Setup, w: int) -> _Phases:
         # With optimizer offload a GPU staging buffer of the largest parameter lives throughout.
         staging = w * _largest_trainable(facts) if s.offload_optimizer != "none" else 0.0
         # setup_buckets allocates the ipg buffers at the first gradient of every backward, at
-        # their full size, two with overlap_comm; the step releases them.
-        buckets = (2 if k.overlap_comm else 1) * k.reduce_bucket_size * w if k.contiguous_gradients else 0
-        return _Phases(persistent=staging, backward=float(buckets))
+        # their full size, two with overlap_comm; the reduction's epilogue releases them: ZeRO-2's
+        # after every backward, ZeRO-1's only at the accumulation boundary, so ZeRO-1's stay from
+        # the first micro-step's backward to the step.
+        per_bucket = float(k.reduce_bucket_size * w) if k.contiguous_gradients else 0.0
+        buckets = (2 if k.overlap_comm else 1) * per_bucket
+        held = buckets if s.zero_stage == 1 and s.gradient_accumulation_steps > 1 else 0.0
+        return _Phases(persistent=staging, backward=buckets, accumulated=held)
     if s.num_gpus > 1:
         return _Phases(backward=float(min(facts.trainable_parameters, k.allgather_bucket_size) * w))
     return _Phases()
@@ -494,8 +501,10 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     # buckets).
     at_loss = acts.kept_at_loss_bytes + acts.logits_bytes
     in_backward = acts.backward_bytes + grads.backward + bufs.backward
-    before_gradients = max(at_loss, _at_head_backward(facts, s, w, acts)) + grads.accumulated
-    forward_backward = resident + gathered + max(before_gradients, in_backward)
+    held = grads.accumulated + bufs.accumulated
+    before_gradients = max(at_loss, _at_head_backward(facts, s, w, acts)) + held
+    reducing = max(in_backward, _at_offloaded_gradient(facts, s, w, bufs))
+    forward_backward = resident + gathered + max(before_gradients, reducing)
     step = resident + grads.step + bufs.step
     allocated = max(forward_backward, step)
     slack = _allocator_slack(facts, s, w, gathered)
@@ -530,6 +539,31 @@ def _at_head_backward(facts: ModelFacts, s: Setup, w: int, acts: ActivationEstim
     logits_grads = (act + _FP32) * arch.vocab_size * s.tokens_per_micro_batch
     head = w * arch.vocab_size * arch.hidden_size * (2 if arch.tie_word_embeddings else 1)
     return acts.kept_at_loss_bytes + logits_grads + head
+
+
+def _at_offloaded_gradient(facts: ModelFacts, s: Setup, w: int, bufs: _Phases) -> float:
+    """The reduction of the largest gradient with the optimizer offloaded, where DeepSpeed takes the
+    gradient's norm on the GPU in fp64 before copying it to the host (a tied embedding's gradient is
+    reduced last, when the activations are gone).
+
+    ZeRO-1/2 (``set_norm_for_param_grad_in_gpu``): the gradient (with a tied head, the two the
+    autograd engine is summing), the fp64 copy of this rank's slice of it, and the buckets.
+    ZeRO-3 (``_offload_grad_partition_at_boundary``): a GPU copy of the gradient's partition, the
+    fp64 copy of up to 2.5e8 elements of it (``_constant_buffered_norm2``'s chunk) and, on several
+    GPUs, the reduce-scatter's output for the bucket; the bucket itself is resident.
+    """
+    if s.offload_optimizer == "none" or s.zero_stage == 0:
+        return 0.0
+    arch = facts.arch
+    largest = _largest_trainable(facts)
+    n = s.num_gpus
+    if s.zero_stage == 3:
+        part = largest / n
+        scattered = w * min(s.knobs.reduce_bucket_size, facts.trainable_parameters) / n if n > 1 else 0.0
+        return w * part + _FP64 * min(part, _NORM_CHUNK) + scattered
+    tied = s.method == "full" and arch.tie_word_embeddings and largest == arch.embedding_params
+    slice_ = min(largest, facts.trainable_parameters / n)
+    return (2 if tied else 1) * w * largest + _FP64 * slice_ + bufs.backward
 
 
 def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:

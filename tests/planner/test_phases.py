@@ -18,6 +18,16 @@ from planner import plan
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results" / "nvidia-h200-x2-2026-11-30.jsonl"
 HELDOUT = ROOT / "bench" / "results" / "nvidia-h200-x2-2026-11-30-heldout.jsonl"
+EVERY_FILE = sorted((ROOT / "bench" / "results").glob("nvidia-h200-x2-*.jsonl"))
+
+#: Records whose allocated peak the phase model is known to miss, and by how much: each must still
+#: miss (fix the model, then drop the line), every other record must agree.
+KNOWN_ALLOCATED_MISSES = {
+    # ZeRO-3 optimizer offload, accumulation 2, two GPUs: 1.0 GiB above the plan in backward
+    "phi-3-mini|full|z3|off=opt|ckpt|s2048|mb1|g2|gpus2": -0.121,
+    # LoRA with ZeRO-3 parameter offload on two GPUs: 0.3 GiB above the plan
+    "mistral-7b-v0.3|lora|z3|off=opt+param|ckpt|s2048|mb1|g1|gpus2": -0.068,
+}
 
 
 def _records(*paths: Path) -> list[dict[str, Any]]:
@@ -46,3 +56,17 @@ def test_zero2_buckets_do_not_add_to_the_logits_peak() -> None:
     z2 = plan(by_case["qwen2.5-0.5b|full|z2|off=none|ckpt|s1024|mb2|g1"]["spec"]).per_gpu
     assert z0.forward_backward_bytes == z2.forward_backward_bytes
     assert z2.zero_buffers_bytes >= 2 * 500_000_000 * 2
+
+
+@pytest.mark.parametrize("record", _ran(*EVERY_FILE), ids=lambda r: r["case"])
+def test_allocated_peak_matches_every_record(record: dict[str, Any]) -> None:
+    """The larger phase against torch's allocated peak over all steps (warm-up included), in every
+    results file: within -3%/+5%, but for the named misses."""
+    g = plan(record["spec"]).per_gpu
+    measured = record["measured"]["torch_max_allocated_bytes"]
+    error = max(g.forward_backward_bytes, g.optimizer_step_bytes) / measured - 1
+    known = KNOWN_ALLOCATED_MISSES.get(record["case"])
+    if known is None:
+        assert -0.03 <= error <= 0.05
+    else:
+        assert error == pytest.approx(known, abs=0.01)
