@@ -41,10 +41,10 @@ NCCL_BYTES_PER_GPU = int(0.47 * GIB)
 #: -2.5%; bench/accuracy.py reports in-sample, leave-one-out and leave-one-file-out errors. These
 #: blocks are needed, not idle: held to its allocated peak plus a fifth of this slack, PyTorch's
 #: allocator ran out of memory in 6 of 7 configurations (bench/results/memory-limit/).
-ALLOCATOR_SLACK_BYTES = int(1.425 * GIB)
-ALLOCATOR_LOGITS_BLOCKS = 0.3375
-ALLOCATOR_LARGEST_GRADIENT_BLOCKS = 4.9
-ALLOCATOR_GATHERED_BLOCKS = 1.225
+ALLOCATOR_SLACK_BYTES = int(1.325 * GIB)
+ALLOCATOR_LOGITS_BLOCKS = 0.35
+ALLOCATOR_LARGEST_GRADIENT_BLOCKS = 4.4
+ALLOCATOR_GATHERED_BLOCKS = 1.55
 #: Evaluation (generation, no optimizer): slack as a share of the allocated peak. Not measured:
 #: no record covers evaluation yet.
 EVAL_ALLOCATOR_SLACK_FRACTION = 0.10
