@@ -480,6 +480,27 @@ def _heldout7() -> list[Case]:
     ]
 
 
+def _heldout8() -> list[Case]:
+    """Unseen configurations for the allocated-peak paths read off DeepSpeed's code: ZeRO-0 and
+    ZeRO-1 with accumulation (gradients and ZeRO-1's buckets held into the next micro-step), ZeRO-2
+    with optimizer offload of untied models and with accumulation (the offloaded gradient's fp64
+    norm), ZeRO-3 optimizer offload on one GPU, full fine-tuning of a soft-capped Gemma 2, and the
+    two shapes whose allocated peak is still missed (Phi-3 ZeRO-3 offload on two GPUs, LoRA with
+    parameter offload on two GPUs)."""
+    h = "heldout8"
+    return [
+        make_case("qwen2.5-1.5b", "full", 0, "none", False, 1024, 2, 2, group=h),
+        make_case("llama-3.2-3b", "full", 1, "none", False, 1024, 2, 2, gpus=2, group=h),
+        make_case("qwen2.5-1.5b", "full", 1, "none", True, 2048, 1, 4, gpus=2, group=h),
+        make_case("phi-3-mini", "full", 2, "opt", True, 2048, 1, 1, group=h, steps=2),
+        make_case("qwen2.5-1.5b", "full", 2, "opt", True, 2048, 2, 2, group=h, steps=2),
+        make_case("qwen2.5-1.5b", "full", 3, "opt", True, 2048, 1, 1, group=h, steps=2),
+        make_case("gemma-2-2b", "full", 2, "none", True, 2048, 1, 1, group=h),
+        make_case("phi-3-mini", "full", 3, "opt", True, 1024, 2, 1, gpus=2, group=h, steps=2),
+        make_case("llama-3.1-8b", "lora", 3, "opt+param", True, 2048, 1, 1, gpus=2, group=h, steps=2),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -503,9 +524,11 @@ HELDOUT4_CASES: list[Case] = _heldout4()
 HELDOUT5_CASES: list[Case] = _heldout5()
 HELDOUT6_CASES: list[Case] = _heldout6()
 HELDOUT7_CASES: list[Case] = _heldout7()
+HELDOUT8_CASES: list[Case] = _heldout8()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
+                                   "heldout8": HELDOUT8_CASES,
                                    "limit": _limit_experiment()}
 
 
