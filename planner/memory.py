@@ -7,7 +7,8 @@ Model states (per trainable parameter, mixed precision, T trainable, N GPUs):
 * stage 1/2 (``DeepSpeedZeroOptimizer``): bf16 params flat and whole; fp32 master and moments
   partitioned; stage 1 keeps whole bf16 grads, stage 2 a bf16 partition (``grads_in_partition``);
   ``contiguous_gradients`` allocates one ``reduce_bucket_size`` bf16 ipg buffer, two with
-  ``overlap_comm``, for every backward (freed at the step); the step flattens the partition and
+  ``overlap_comm``, for every backward (freed by the reduction's epilogue: every backward under
+  stage 2, only at the accumulation boundary under stage 1); the step flattens the partition and
   upcasts it to fp32.
 * stage 3 (``DeepSpeedZeroOptimizer_Stage3``): bf16 param partitions, a bf16 gradient partition
   buffer, a persistent fp32 gradient buffer of the largest sub-group, fp32 master and moments, one
@@ -19,6 +20,8 @@ Offload moves master, moments and fp32 grads (optimizer) or the bf16 partitions 
 host. The gradients (and, for ZeRO-1/2, the master and a bf16 copy of it) are pinned, and torch's
 pinned-memory allocator rounds every block up to a power of two; ZeRO-3's fp32 master and the
 moments are plain allocations.
+With the optimizer offloaded, each gradient's norm is taken on the GPU in fp64 before its copy
+to the host.
 The device peak is the larger of two phases — forward/backward and the optimizer step — plus
 the allocator's slack and the CUDA context, which NVML counts and torch does not.
 """
