@@ -4,8 +4,8 @@ metrics series and checkpoints."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -86,18 +86,34 @@ def test_sse_resumes_after_last_event_id(env: Env) -> None:
     assert bad.status_code == 422
 
 
-def test_sse_follows_a_live_job_with_keepalives(pg_env: Env) -> None:
+def test_sse_follows_a_live_job_with_keepalives(pg_env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     from fastapi.testclient import TestClient
+
+    from api.jobs import stream
 
     app = create_app(pg_env.settings, enqueue=pg_env.enqueued, token_cache_ttl_s=0,
                      stream_timing=StreamTiming(poll_s=0.02, keepalive_s=0.05))
     job = pg_env.submit()
     _move(pg_env, job["id"], S.STARTING, S.RUNNING)
+    # The job moves on only after the stream has polled ten times with nothing new: nine sleeps
+    # of poll_s outlast keepalive_s, so a keepalive went out however slowly the stream started.
+    polls = threading.Semaphore(0)
+    poll = stream._poll
+
+    def counted(*args: Any) -> Any:
+        polls.release()
+        return poll(*args)
+
+    monkeypatch.setattr(stream, "_poll", counted)
+
+    def quiet_polls(n: int = 10) -> None:
+        for _ in range(n):
+            assert polls.acquire(timeout=60)
 
     def worker() -> None:
-        time.sleep(0.3)
+        quiet_polls()
         _log(pg_env, job["id"], "step 1")
-        time.sleep(0.2)
+        quiet_polls()
         _move(pg_env, job["id"], S.SUCCEEDED)
 
     thread = threading.Thread(target=worker)
