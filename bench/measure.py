@@ -408,7 +408,20 @@ def _merge_measured(results: list[dict[str, Any] | None], sampler: Sampler,
         "partitioned_at_init": rank0.get("partitioned_at_init"),
         "host_phases": [r.get("host_phases") or {} for r in sorted(got, key=lambda r: r.get("rank", 0))],
         "allocator_retries": mx("allocator_retries"),
+        # torch's allocated peak of each warm-up micro-step and each measured optimizer step, on
+        # the busiest rank: a first step that peaks above the rest shows here
+        "step_allocated_peaks": _busiest_steps(got),
     }
+
+
+def _busiest_steps(got: list[dict[str, Any]]) -> dict[str, list[int | None]] | None:
+    """The per-step allocated peaks of the rank whose highest step is highest."""
+    per_rank = [r["step_allocated_peaks"] for r in got if r.get("step_allocated_peaks")]
+
+    def highest(steps: dict[str, list[int | None]]) -> int:
+        return max((v for v in steps["warmup_micro_steps"] + steps["measured_steps"] if v), default=0)
+
+    return max(per_rank, key=highest) if per_rank else None
 
 
 @dataclass(frozen=True)
@@ -986,8 +999,11 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
 
     mark("initialised")
 
+    warmup_peaks = result["step_allocated_peaks"]["warmup_micro_steps"]
     for _ in range(int(job["warmup_micro_steps"])):
+        peaks.reset()
         micro_step()
+        warmup_peaks.append(peaks.since_reset())
     host["after_warmup"] = _host_now(torch, cuda)
     result["step_seconds"] = _measure(job, engine, micro_step, peaks, phases, cuda, torch, result)
     host["after_measure"] = _host_now(torch, cuda)
@@ -1022,11 +1038,11 @@ def _measure(job: dict[str, Any], engine: Any, micro_step: Callable[..., Any], p
         phases["forward_backward_allocated_peak"] = peaks.since_reset()
         peaks.reset()
 
+    measured_peaks = result["step_allocated_peaks"]["measured_steps"]
     for s in range(steps):
         last = s == steps - 1
         sync()
-        if last:
-            peaks.reset()
+        peaks.reset()
         t0 = time.perf_counter()
         for m in range(ga):
             hook = end_of_backward if last and m == ga - 1 else None
@@ -1036,6 +1052,11 @@ def _measure(job: dict[str, Any], engine: Any, micro_step: Callable[..., Any], p
         result["loss"] = float(loss.float().item())
         if last:
             phases["optimizer_step_allocated_peak"] = peaks.since_reset()
+            fb = phases["forward_backward_allocated_peak"]
+            step = phases["optimizer_step_allocated_peak"]
+            measured_peaks.append(None if fb is None else max(fb, step or 0))
+        else:
+            measured_peaks.append(peaks.since_reset())
     return times
 
 
@@ -1049,7 +1070,8 @@ def child_main(case_file: Path, rank: int, result_path: Path) -> int:
     result: dict[str, Any] = {"rank": rank, "status": "error", "error": None, "host_phases": {},
                               "phase_peaks": {"after_init_allocated": None,
                                               "forward_backward_allocated_peak": None,
-                                              "optimizer_step_allocated_peak": None}}
+                                              "optimizer_step_allocated_peak": None},
+                              "step_allocated_peaks": {"warmup_micro_steps": [], "measured_steps": []}}
     try:
         _train(job, result)
         result["status"] = "ok"

@@ -130,3 +130,13 @@ def test_memory_limit_is_the_plans_less_the_slack_given_up() -> None:
         with pytest.raises(SystemExit):
             parse_args(bad)
     assert parse_args(["--gpu-memory-limit", "plan", "--limit-slack-share", "0.5"]).limit_slack_share == 0.5
+
+
+def test_per_step_allocated_peaks_come_from_the_busiest_rank() -> None:
+    quiet = {"warmup_micro_steps": [5, 4], "measured_steps": [4, 4]}
+    busy = {"warmup_micro_steps": [9, 6], "measured_steps": [6, 6]}  # its first step peaks highest
+    got = [{"rank": 0, "step_allocated_peaks": quiet}, {"rank": 1, "step_allocated_peaks": busy}, {"rank": 2}]
+    assert measure._busiest_steps(got) == busy
+    assert measure._busiest_steps([{"rank": 0}]) is None
+    on_cpu = {"warmup_micro_steps": [None], "measured_steps": [None]}
+    assert measure._busiest_steps([{"step_allocated_peaks": on_cpu}]) == on_cpu

@@ -83,6 +83,11 @@ def test_tiny_case_records_ok_with_host_figures(run: dict[str, Any]) -> None:
                 "torch_max_reserved_bytes"):
         assert m[key] is None, key
     assert all(v is None for v in m["phase_peaks"].values())
+    # one allocated peak per warm-up micro-step (two warm-up steps of accumulation 2) and per
+    # measured step; the CPU has no allocator figures
+    steps = m["step_allocated_peaks"]
+    assert len(steps["warmup_micro_steps"]) == 4 and len(steps["measured_steps"]) == 2
+    assert all(v is None for v in steps["warmup_micro_steps"] + steps["measured_steps"])
     assert rec["wall_seconds"] > 0
 
 
