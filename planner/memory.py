@@ -506,7 +506,8 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     in_backward = acts.backward_bytes + grads.backward + bufs.backward
     held = grads.accumulated + bufs.accumulated
     before_gradients = max(at_loss, _at_head_backward(facts, s, w, acts)) + held
-    reducing = max(in_backward, _at_offloaded_gradient(facts, s, w, bufs))
+    mid_backward, end_of_backward = _at_offloaded_gradient(facts, s, w, bufs)
+    reducing = max(in_backward + mid_backward, end_of_backward)
     forward_backward = resident + gathered + max(before_gradients, reducing)
     step = resident + grads.step + bufs.step
     allocated = max(forward_backward, step)
@@ -544,29 +545,39 @@ def _at_head_backward(facts: ModelFacts, s: Setup, w: int, acts: ActivationEstim
     return acts.kept_at_loss_bytes + logits_grads + head
 
 
-def _at_offloaded_gradient(facts: ModelFacts, s: Setup, w: int, bufs: _Phases) -> float:
-    """The reduction of the largest gradient with the optimizer offloaded, where DeepSpeed takes the
-    gradient's norm on the GPU in fp64 before copying it to the host (a tied embedding's gradient is
-    reduced last, when the activations are gone).
+def _at_offloaded_gradient(facts: ModelFacts, s: Setup, w: int, bufs: _Phases) -> tuple[float, float]:
+    """(in the middle of backward, above its activations and gradients; at its end, alone): what
+    reducing a gradient adds with the optimizer offloaded, where DeepSpeed takes each gradient's
+    norm on the GPU in fp64 before copying it to the host.
 
-    ZeRO-1/2 (``set_norm_for_param_grad_in_gpu``): the gradient (with a tied head, the two the
-    autograd engine is summing), the fp64 copy of this rank's slice of it, and the buckets.
-    ZeRO-3 (``_offload_grad_partition_at_boundary``): a GPU copy of the gradient's partition, the
-    fp64 copy of up to 2.5e8 elements of it (``_constant_buffered_norm2``'s chunk) and, on several
-    GPUs, the reduce-scatter's output for the bucket; the bucket itself is resident.
+    ZeRO-1/2 (``set_norm_for_param_grad_in_gpu``), at the largest gradient, the tied embedding's,
+    which comes last: the gradient (with a tied head, the two the autograd engine is summing), the
+    fp64 copy of this rank's slice of it, and the buckets.
+    ZeRO-3 (``partition_grads`` / ``_offload_grad_partition_at_boundary``), for each bucket it
+    reduces during backward: on several GPUs the reduce-scatter's output for the bucket, and for
+    each gradient in turn a GPU copy of its partition and the fp64 copy of up to 2.5e8 elements of
+    it (``_constant_buffered_norm2``'s chunk); the bucket itself is resident.
     """
     if s.offload_optimizer == "none" or s.zero_stage == 0:
-        return 0.0
+        return 0.0, 0.0
     arch = facts.arch
     largest = _largest_trainable(facts)
     n = s.num_gpus
     if s.zero_stage == 3:
-        part = largest / n
         scattered = w * min(s.knobs.reduce_bucket_size, facts.trainable_parameters) / n if n > 1 else 0.0
-        return w * part + _FP64 * min(part, _NORM_CHUNK) + scattered
+
+        def reduced(numel: float) -> float:
+            return w * numel / n + _FP64 * min(numel / n, _NORM_CHUNK) + scattered
+
+        return reduced(_largest_layer_trainable(facts)), reduced(largest)
     tied = s.method == "full" and arch.tie_word_embeddings and largest == arch.embedding_params
     slice_ = min(largest, facts.trainable_parameters / n)
-    return (2 if tied else 1) * w * largest + _FP64 * slice_ + bufs.backward
+    return 0.0, (2 if tied else 1) * w * largest + _FP64 * slice_ + bufs.backward
+
+
+@lru_cache(maxsize=1024)
+def _largest_layer_trainable(facts: ModelFacts) -> int:
+    return max((t.numel for t in facts.layer_tensors if t.trainable), default=0)
 
 
 def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:

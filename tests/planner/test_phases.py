@@ -23,10 +23,10 @@ EVERY_FILE = sorted((ROOT / "bench" / "results").glob("nvidia-h200-x2-*.jsonl"))
 #: Records whose allocated peak the phase model is known to miss, and by how much: each must still
 #: miss (fix the model, then drop the line), every other record must agree.
 KNOWN_ALLOCATED_MISSES = {
-    # ZeRO-3 optimizer offload, accumulation 2, two GPUs: 1.0 GiB above the plan in backward
-    "phi-3-mini|full|z3|off=opt|ckpt|s2048|mb1|g2|gpus2": -0.121,
+    # ZeRO-3 optimizer offload, accumulation 2, two GPUs: 0.4 GiB above the plan in backward
+    "phi-3-mini|full|z3|off=opt|ckpt|s2048|mb1|g2|gpus2": -0.049,
     # LoRA with ZeRO-3 parameter offload on two GPUs: 0.3 GiB above the plan
-    "mistral-7b-v0.3|lora|z3|off=opt+param|ckpt|s2048|mb1|g1|gpus2": -0.068,
+    "mistral-7b-v0.3|lora|z3|off=opt+param|ckpt|s2048|mb1|g1|gpus2": -0.066,
 }
 
 
