@@ -556,7 +556,8 @@ def _at_offloaded_gradient(facts: ModelFacts, s: Setup, w: int, bufs: _Phases) -
     ZeRO-3 (``partition_grads`` / ``_offload_grad_partition_at_boundary``), for each bucket it
     reduces during backward: on several GPUs the reduce-scatter's output for the bucket, and for
     each gradient in turn a GPU copy of its partition and the fp64 copy of up to 2.5e8 elements of
-    it (``_constant_buffered_norm2``'s chunk); the bucket itself is resident.
+    it (``_constant_buffered_norm2``'s chunk); the bucket itself is resident. Swapping to NVMe
+    keeps the fp32 copies of all the bucket's partitions until it writes them out together.
     """
     if s.offload_optimizer == "none" or s.zero_stage == 0:
         return 0.0, 0.0
@@ -564,7 +565,10 @@ def _at_offloaded_gradient(facts: ModelFacts, s: Setup, w: int, bufs: _Phases) -
     largest = _largest_trainable(facts)
     n = s.num_gpus
     if s.zero_stage == 3:
-        scattered = w * min(s.knobs.reduce_bucket_size, facts.trainable_parameters) / n if n > 1 else 0.0
+        bucket = min(s.knobs.reduce_bucket_size, facts.trainable_parameters)
+        scattered = w * bucket / n if n > 1 else 0.0
+        if s.offload_optimizer == "nvme":  # fp32 copies of the bucket's partitions, swapped out together
+            scattered += _FP32 * bucket / n
 
         def reduced(numel: float) -> float:
             return w * numel / n + _FP64 * min(numel / n, _NORM_CHUNK) + scattered

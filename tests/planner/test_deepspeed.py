@@ -293,3 +293,31 @@ def test_zero3_parameter_offload_pins_a_flat_copy_of_the_trainable_partitions() 
     assert host.pinned_buffers_bytes == 2 * 2 ** (2 * p // 2 - 1).bit_length()
     without = estimate_memory(facts, full.with_(offload_param="none")).host
     assert without.pinned_buffers_bytes == 0
+
+
+def test_offloaded_gradient_reduction_follows_deepspeeds_copies() -> None:
+    """What reducing a gradient adds with the optimizer offloaded (stage_1_and_2.py's
+    ``set_norm_for_param_grad_in_gpu``; stage3.py's ``partition_grads`` and
+    ``_offload_grad_partition_at_boundary``), from the tensors those functions create."""
+    from planner.memory import _NORM_CHUNK, _at_offloaded_gradient, _zero_buffers
+
+    facts = _facts("Qwen/Qwen2.5-3B")  # tied: the embedding, 311M, is the largest tensor
+    emb = facts.arch.embedding_params
+
+    def reduction(s: Setup) -> tuple[float, float]:
+        return _at_offloaded_gradient(facts, s, 2, _zero_buffers(facts, s, 2))
+
+    z2 = _setup(zero_stage=2, offload_optimizer="cpu")
+    buckets = _zero_buffers(facts, z2, 2).backward
+    # ZeRO-2, one GPU: the head's and the embedding's gradients being summed, an fp64 copy of the
+    # whole slice, both buckets; nothing in the middle of backward
+    assert reduction(z2) == (0.0, 2 * 2 * emb + 8 * emb + buckets)
+    # ZeRO-3, two GPUs: the reduce-scatter output of a full bucket, a bf16 GPU copy of the partition,
+    # and an fp64 copy of at most one norm chunk of it; NVMe also keeps the bucket's fp32 copies
+    z3 = _setup(zero_stage=3, offload_optimizer="cpu", num_gpus=2)
+    bucket = z3.knobs.reduce_bucket_size
+    mid, end = reduction(z3)
+    assert end == 2 * bucket / 2 + 2 * emb / 2 + 8 * min(emb / 2, _NORM_CHUNK)
+    assert mid < end
+    assert reduction(z3.with_(offload_optimizer="nvme"))[1] == end + 4 * bucket / 2
+    assert reduction(z3.with_(offload_optimizer="none")) == (0.0, 0.0)
