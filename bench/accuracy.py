@@ -335,8 +335,11 @@ def slack_cases(rows: Sequence[Row]) -> list[SlackCase]:
 UNDER_LIMIT = -0.025
 
 
-def _objective(errors: Sequence[float]) -> float:
-    return statistics.median(abs(e) for e in errors) + 10 * sum(max(0.0, UNDER_LIMIT - e) for e in errors)
+def _objective(errors: Any) -> Any:
+    """The objective of each row of ``errors`` (one row of per-case errors per candidate)."""
+    import numpy as np
+
+    return np.median(np.abs(errors), axis=-1) + 10 * np.clip(UNDER_LIMIT - errors, 0, None).sum(axis=-1)
 
 
 def _grid_best(cases: Sequence[SlackCase], axes: Sequence[Sequence[float]]) -> Slack:
@@ -349,8 +352,7 @@ def _grid_best(cases: Sequence[SlackCase], axes: Sequence[Sequence[float]]) -> S
     mesh = np.stack(np.meshgrid(*[np.asarray(a, dtype=float) for a in axes], indexing="ij"), -1)
     points = mesh.reshape(-1, len(axes))
     errors = (base + points @ units.T - measured) / measured  # points x cases
-    objective = np.median(np.abs(errors), axis=1) + 10 * np.clip(UNDER_LIMIT - errors, 0, None).sum(axis=1)
-    a, b, c, d = (float(v) for v in points[int(np.argmin(objective))])
+    a, b, c, d = (float(v) for v in points[int(np.argmin(_objective(errors)))])
     return a, b, c, d
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import itertools
 import json
 import os
 import re
@@ -978,7 +979,7 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     torch.manual_seed(1234 + rank)
 
     marks: list[str] | None = result.setdefault("trace_marks", []) if result.get("alloc_trace") else None
-    counter = iter(range(1 << 30))
+    counter = itertools.count()
 
     def mark(label: str) -> None:
         if marks is not None:
@@ -1166,7 +1167,7 @@ def alloc_trace_summary(snapshot: dict[str, Any], device: int, frames: int = 8,
             peak_res = reserved
             at_peak_res = {"event": i, "reserved": reserved, "allocated": allocated}
     # Replay once more, keeping every live block, to list what was live at each peak.
-    wanted = {ev_i: p for p, (_, ev_i) in phase_peaks.items()}
+    wanted = {ev_i for _, ev_i in phase_peaks.values()} | {peak_event}
     live: dict[int, tuple[int, str]] = {}
     at: dict[int, list[dict[str, Any]]] = {}
     for i, ev in enumerate(events):
@@ -1175,7 +1176,7 @@ def alloc_trace_summary(snapshot: dict[str, Any], device: int, frames: int = 8,
             live[int(ev.get("addr", i))] = (int(ev.get("size", 0)), _live_key(ev))
         elif action == "free_completed":
             live.pop(int(ev.get("addr", -1)), None)
-        if i in wanted or i == peak_event:
+        if i in wanted:
             at[i] = _live_groups(live, top)
     phases_out = [{"phase": phase[p], "peak_allocated": a, "event": ev_i, "live": at.get(ev_i, [])}
                   for p, (a, ev_i) in sorted(phase_peaks.items())]
