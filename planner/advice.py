@@ -175,8 +175,8 @@ def advise(ctx: Context, fits: bool, auto_filled: bool) -> list[Note]:
     s, mem = ctx.chosen.setup, ctx.chosen.memory
     notes: list[Note] = []
     usable = ctx.bounds.gpu_usable
-    if not fits and mem.total_bytes > usable:
-        gap = mem.total_bytes / usable - 1
+    if not fits and mem.required_bytes > usable:
+        gap = mem.required_bytes / usable - 1
         if gap < _LADDER_GAP:
             notes.append(
                 Note(

@@ -279,7 +279,7 @@ def _choose(p: Prepared, base: Setup) -> tuple[Candidate, list[Candidate], bool]
     if fitting:
         return min(fitting, key=rank_key), candidates, auto
     closest = min(
-        candidates, key=lambda c: (c.memory.total_bytes / p.bounds.gpu_usable, c.speed.step_seconds)
+        candidates, key=lambda c: (c.memory.required_bytes / p.bounds.gpu_usable, c.speed.step_seconds)
     )
     return closest, candidates, auto
 
@@ -369,9 +369,11 @@ def _per_gpu(c: Candidate, capacity: int) -> PerGpuMemory:
         allocator_slack_bytes=m.allocator_slack_bytes,
         forward_backward_bytes=m.forward_backward_bytes,
         optimizer_step_bytes=m.optimizer_step_bytes,
+        initialization_bytes=m.initialization_bytes,
         peak_phase=m.peak_phase,
         total_bytes=m.total_bytes,
-        allocator_limit_bytes=m.total_bytes - m.cuda_context_bytes,
+        required_bytes=m.required_bytes,
+        allocator_limit_bytes=m.required_bytes - m.cuda_context_bytes,
         capacity_bytes=capacity,
     )
 
@@ -482,7 +484,7 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
     )
     return Plan(
         fits=chosen.fits,
-        margin_bytes=p.bounds.gpu_usable - chosen.memory.total_bytes,
+        margin_bytes=p.bounds.gpu_usable - chosen.memory.required_bytes,
         num_gpus=s.num_gpus,
         resolved=_resolved(s),
         model=_model_summary(p),

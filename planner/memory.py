@@ -108,12 +108,20 @@ class MemoryEstimate:
     allocator_slack_bytes: int
     forward_backward_bytes: int  # allocated at the forward/backward peak
     optimizer_step_bytes: int  # allocated at the optimizer-step peak
-    total_bytes: int  # what NVML shows for the busiest GPU
+    total_bytes: int  # what NVML shows for the busiest GPU on a card with room to spare
     host: HostEstimate
     nvme_bytes: int
+    initialization_bytes: int = 0  # allocated at deepspeed.initialize's peak
+    #: the blocks initialisation leaves in the allocator's cache, which NVML counts while they last
+    initialization_reserved_bytes: int = 0
+    #: what must fit: ``total_bytes`` less the cached blocks an allocator under pressure gives back
+    required_bytes: int = 0
 
     @property
     def peak_phase(self) -> str:
+        steady = max(self.forward_backward_bytes, self.optimizer_step_bytes) + self.allocator_slack_bytes
+        if self.initialization_reserved_bytes > steady:
+            return "initialization"
         return (
             "forward_backward"
             if self.forward_backward_bytes >= self.optimizer_step_bytes
@@ -513,6 +521,8 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     allocated = max(forward_backward, step)
     slack = _allocator_slack(facts, s, w, gathered)
     context = C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0)
+    init_allocated, init_reserved = _initialization(facts, s)
+    init_reserved += _norm_segments(facts, s)
     host, nvme = _host(facts, s, w)
     return MemoryEstimate(
         weights_bytes=int(weights),
@@ -526,10 +536,46 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
         allocator_slack_bytes=int(slack),
         forward_backward_bytes=int(forward_backward),
         optimizer_step_bytes=int(step),
-        total_bytes=int(allocated + slack + context),
+        total_bytes=int(max(allocated + slack, init_reserved) + context),
         host=host,
         nvme_bytes=nvme,
+        initialization_bytes=int(init_allocated),
+        initialization_reserved_bytes=int(init_reserved),
+        required_bytes=int(max(allocated + slack, init_allocated) + context),
     )
+
+
+def _initialization(facts: ModelFacts, s: Setup) -> tuple[float, float]:
+    """(allocated at its peak, reserved after it): ``deepspeed.initialize`` under ZeRO-1/2.
+
+    ``DeepSpeedZeroOptimizer`` flattens the trainable parameters into one buffer, on the GPU when
+    the card has room for it beside the model (else via the host), then clones this rank's
+    partition of it on the GPU before casting the clone to the fp32 master (on the host under
+    optimizer offload). The model's per-parameter blocks and the clone's block stay in the
+    allocator's cache: small requests later reuse them, but NVML counts them from then on.
+    """
+    if s.zero_stage not in (1, 2):
+        return 0.0, 0.0
+    whole = _model_bytes(facts)
+    flat = _sum(facts.tensors, trainable=True)
+    clone = flat / s.num_gpus
+    # The flatten's peak (the model beside its flat copy) is above the clone's, the host route's
+    # (the frozen part, the flat buffer and the clone) too.
+    return whole + flat, whole + flat + clone
+
+
+def _norm_segments(facts: ModelFacts, s: Setup) -> float:
+    """ZeRO-1/2 with the optimizer offloaded and ``overlap_comm``: the fp64 copies of gradient
+    slices whose norms are taken on the reduction stream, whose blocks the default stream's cached
+    blocks cannot serve. The first bucket reduced in backward sets the first block (an untied
+    head's gradient, else a layer's); a larger gradient later (a tied embedding's) adds its own."""
+    if s.zero_stage not in (1, 2) or s.offload_optimizer == "none" or not s.knobs.overlap_comm:
+        return 0.0
+    per_rank = facts.trainable_parameters / s.num_gpus
+    largest = min(_largest_trainable(facts), per_rank)
+    head_first = s.method == "full" and not facts.arch.tie_word_embeddings
+    first = largest if head_first else min(_largest_layer_trainable(facts), per_rank)
+    return _FP64 * (first + (largest if largest > first else 0.0))
 
 
 def _at_head_backward(facts: ModelFacts, s: Setup, w: int, acts: ActivationEstimate) -> float:
@@ -550,9 +596,11 @@ def _at_offloaded_gradient(facts: ModelFacts, s: Setup, w: int, bufs: _Phases) -
     reducing a gradient adds with the optimizer offloaded, where DeepSpeed takes each gradient's
     norm on the GPU in fp64 before copying it to the host.
 
-    ZeRO-1/2 (``set_norm_for_param_grad_in_gpu``), at the largest gradient, the tied embedding's,
-    which comes last: the gradient (with a tied head, the two the autograd engine is summing), the
-    fp64 copy of this rank's slice of it, and the buckets.
+    ZeRO-1/2 (``set_norm_for_param_grad_in_gpu``) reduce a full bucket when the next gradient
+    would overflow it: by then the gradients are views of the bucket, and each one's norm takes an
+    fp64 copy of this rank's slice of it, one at a time. In backward that is a layer's gradient
+    beside the activations; the last bucket, reduced after backward, may hold the largest (a tied
+    embedding's), beside the buckets alone.
     ZeRO-3 (``partition_grads`` / ``_offload_grad_partition_at_boundary``), for each bucket it
     reduces during backward: on several GPUs the reduce-scatter's output for the bucket, and for
     each gradient in turn a GPU copy of its partition and the fp64 copy of up to 2.5e8 elements of
@@ -561,7 +609,6 @@ def _at_offloaded_gradient(facts: ModelFacts, s: Setup, w: int, bufs: _Phases) -
     """
     if s.offload_optimizer == "none" or s.zero_stage == 0:
         return 0.0, 0.0
-    arch = facts.arch
     largest = _largest_trainable(facts)
     n = s.num_gpus
     if s.zero_stage == 3:
@@ -574,9 +621,9 @@ def _at_offloaded_gradient(facts: ModelFacts, s: Setup, w: int, bufs: _Phases) -
             return w * numel / n + _FP64 * min(numel / n, _NORM_CHUNK) + scattered
 
         return reduced(_largest_layer_trainable(facts)), reduced(largest)
-    tied = s.method == "full" and arch.tie_word_embeddings and largest == arch.embedding_params
-    slice_ = min(largest, facts.trainable_parameters / n)
-    return 0.0, (2 if tied else 1) * w * largest + _FP64 * slice_ + bufs.backward
+    per_rank = facts.trainable_parameters / n
+    mid = _FP64 * min(_largest_layer_trainable(facts), per_rank)
+    return mid, _FP64 * min(largest, per_rank) + bufs.backward
 
 
 @lru_cache(maxsize=1024)

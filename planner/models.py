@@ -69,8 +69,9 @@ class ModelSummary(_Out):
 
 class PerGpuMemory(_Out):
     """Device memory of the busiest GPU. Terms are each at their own peak; ``total_bytes`` is the
-    larger of the two phases (forward/backward, optimizer step) plus slack and CUDA context —
-    what NVML shows for the training process."""
+    larger of the two phases (forward/backward, optimizer step) plus slack and CUDA context, or
+    where larger what initialisation leaves reserved — what NVML shows for the training process
+    on a card with room to spare."""
 
     weights_bytes: int
     gradients_bytes: int
@@ -86,11 +87,17 @@ class PerGpuMemory(_Out):
     allocator_slack_bytes: int
     forward_backward_bytes: int
     optimizer_step_bytes: int
+    #: allocated at ``deepspeed.initialize``'s peak (ZeRO-1/2 flatten the trainable parameters
+    #: beside the model; 0 where that is never the larger)
+    initialization_bytes: int = 0
     peak_phase: str
     total_bytes: int
-    #: PyTorch's share of ``total_bytes`` on each GPU: the total less ``cuda_context_bytes``
-    #: (memory outside its allocator). A job that shares its card runs with the allocator limited
-    #: to this plus a tolerance, so it gives cached blocks back instead of growing past its lease.
+    #: what must fit on each GPU: ``total_bytes`` less the blocks initialisation leaves cached,
+    #: which an allocator short of memory gives back (and DeepSpeed then flattens via the host)
+    required_bytes: int
+    #: PyTorch's share of ``required_bytes`` on each GPU: it less ``cuda_context_bytes`` (memory
+    #: outside its allocator). A job that shares its card runs with the allocator limited to this
+    #: plus a tolerance, so it gives cached blocks back instead of growing past its lease.
     allocator_limit_bytes: int
     capacity_bytes: int
 

@@ -69,7 +69,7 @@ class Choices:
 def fits_bounds(memory: MemoryEstimate, s: Setup, bounds: Bounds) -> bool:
     return (
         s.num_gpus <= bounds.gpu_count
-        and memory.total_bytes <= bounds.gpu_usable
+        and memory.required_bytes <= bounds.gpu_usable
         and memory.host.total_bytes <= bounds.host_usable
         and memory.nvme_bytes <= bounds.nvme_bytes
     )

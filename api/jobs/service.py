@@ -200,7 +200,7 @@ def _check_nvme_paths(plan_json: dict[str, Any], spec: JobSpec, settings: Settin
 def _refuse_unfit(plan: Plan) -> None:
     body = plan.model_dump(mode="json")
     per_gpu, host = body.get("per_gpu", {}), body.get("host", {})
-    detail = (f"the job does not fit: needs {per_gpu.get('total_bytes')} bytes per GPU and "
+    detail = (f"the job does not fit: needs {per_gpu.get('required_bytes')} bytes per GPU and "
               f"{host.get('total_bytes')} bytes of host memory (margin {body.get('margin_bytes')} bytes)")
     raise PlanDoesNotFit(detail, errors=[FieldError("resources", "the planned memory exceeds the box")],
                          plan=body, alternatives=body.get("alternatives", []))
@@ -226,7 +226,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, status=JobStatus.QUEUED,
               priority=spec.priority, spec=spec.model_dump(mode="json"), plan=plan_json,
               dataset_id=dataset_id, num_gpus=plan.num_gpus, celery_task_id=task_id,
-              planned_peak_gpu_bytes=plan_json["per_gpu"]["total_bytes"],
+              planned_peak_gpu_bytes=plan_json["per_gpu"]["required_bytes"],
               planned_host_bytes=plan_json["host"]["total_bytes"])
     session.add(job)
     session.add_all([

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from planner import (
 )
 from planner.catalogue import catalogue
 from planner.dsconfig import OFFLOAD_OPTIMIZER_KEYS, OFFLOAD_PARAM_KEYS, ZERO_KEYS
+from planner.lora import resolve_lora
 from tests.planner.support import hardware, job
 
 # The ds_config tests read DeepSpeed's pydantic models; they need no distributed setup.
@@ -309,9 +311,14 @@ def test_offloaded_gradient_reduction_follows_deepspeeds_copies() -> None:
 
     z2 = _setup(zero_stage=2, offload_optimizer="cpu")
     buckets = _zero_buffers(facts, z2, 2).backward
-    # ZeRO-2, one GPU: the head's and the embedding's gradients being summed, an fp64 copy of the
-    # whole slice, both buckets; nothing in the middle of backward
-    assert reduction(z2) == (0.0, 2 * 2 * emb + 8 * emb + buckets)
+    layer = 2048 * 11008  # the MLP's projections, the largest tensors of a layer
+    # ZeRO-2, one GPU: a bucket reduced in backward takes an fp64 copy of a layer's gradient at a
+    # time (the gradients are views of the bucket by then); the last one, after backward, the
+    # embedding's, beside both buckets
+    assert reduction(z2) == (8 * layer, 8 * emb + buckets)
+    # two GPUs: only this rank's slice of each gradient
+    z2x2 = z2.with_(num_gpus=2)
+    assert reduction(z2x2) == (8 * layer, 8 * min(emb, facts.trainable_parameters / 2) + buckets)
     # ZeRO-3, two GPUs: the reduce-scatter output of a full bucket, a bf16 GPU copy of the partition,
     # and an fp64 copy of at most one norm chunk of it; NVMe also keeps the bucket's fp32 copies
     z3 = _setup(zero_stage=3, offload_optimizer="cpu", num_gpus=2)
@@ -321,3 +328,34 @@ def test_offloaded_gradient_reduction_follows_deepspeeds_copies() -> None:
     assert mid < end
     assert reduction(z3.with_(offload_optimizer="nvme"))[1] == end + 4 * bucket / 2
     assert reduction(z3.with_(offload_optimizer="none")) == (0.0, 0.0)
+
+
+def test_zero12_initialisation_flattens_beside_the_model_and_leaves_its_blocks_cached() -> None:
+    """``DeepSpeedZeroOptimizer.__init__`` (stage_1_and_2.py): the flat copy of the trainable
+    parameters is made on the GPU beside the model's own tensors, then this rank's partition of it
+    is cloned on the GPU for the fp32 master; the model's per-parameter blocks and the clone's block
+    stay cached. With the optimizer offloaded and overlap_comm, the fp64 norm copies on the
+    reduction stream take blocks of their own: the first bucket's largest, then any larger."""
+    from planner.memory import _initialization, _norm_segments
+
+    facts = _facts("Qwen/Qwen2.5-3B")  # tied: no head gradient comes first
+    whole = 2 * facts.num_parameters
+    emb = facts.arch.embedding_params
+    layer = 2048 * 11008
+    z2 = _setup(zero_stage=2, offload_optimizer="cpu")
+    assert _initialization(facts, z2) == (2 * whole, 3 * whole)
+    assert _initialization(facts, z2.with_(num_gpus=2)) == (2 * whole, 2.5 * whole)
+    assert _norm_segments(facts, z2) == 8 * (layer + emb)
+    assert _norm_segments(facts, z2.with_(knobs=replace(z2.knobs, overlap_comm=False))) == 0.0
+    assert _norm_segments(facts, z2.with_(offload_optimizer="none")) == 0.0
+    # ZeRO-0 and ZeRO-3 do not flatten the whole model
+    assert _initialization(facts, z2.with_(zero_stage=3)) == (0.0, 0.0)
+
+    untied = _facts("microsoft/Phi-3-mini-4k-instruct")  # the untied head's gradient is reduced first
+    assert _norm_segments(untied, z2) == 8 * untied.arch.embedding_params
+    # LoRA: only the adapters are flattened
+    arch = arch_from_config(catalogue()["Qwen/Qwen2.5-3B"].config)
+    lora = model_facts(arch, "lora", resolve_lora(arch, 16, ["q_proj", "v_proj"], 0.0), "bf16")
+    flat = sum(t.numel * t.elem_bytes * t.copies for t in lora.tensors if t.trainable)
+    base = sum(t.numel * t.elem_bytes * t.copies for t in lora.tensors)
+    assert _initialization(lora, z2.with_(method="lora")) == (base + flat, base + 2 * flat)

@@ -62,8 +62,28 @@ def test_peak_is_the_larger_phase_plus_slack_and_context() -> None:
     g = plan(job()).per_gpu
     allocated = max(g.forward_backward_bytes, g.optimizer_step_bytes)
     assert g.total_bytes == allocated + g.allocator_slack_bytes + g.cuda_context_bytes
+    assert g.required_bytes == g.total_bytes
     # what the worker holds PyTorch's allocator to on a shared card: all but the memory outside it
-    assert g.allocator_limit_bytes == g.total_bytes - g.cuda_context_bytes
+    assert g.allocator_limit_bytes == g.required_bytes - g.cuda_context_bytes
+
+
+def test_zero2_offload_peak_can_be_what_initialisation_leaves_cached() -> None:
+    """ZeRO-2 with the optimizer offloaded: the model's blocks and the flat copy's partition clone
+    stay cached after ``deepspeed.initialize`` and are above the training's own peak; they count
+    in what NVML shows but not in what must fit, since an allocator short of memory frees them."""
+    spec = job(model={"name": "Qwen/Qwen2.5-3B"}, method="full",
+               training={"micro_batch_size": 1, "gradient_accumulation_steps": 1, "seq_len": 2048,
+                         "gradient_checkpointing": True},
+               resources={"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "cpu",
+                          "offload_param": "none"})
+    g = plan(spec).per_gpu
+    steady = max(g.forward_backward_bytes, g.optimizer_step_bytes) + g.allocator_slack_bytes
+    assert g.peak_phase == "initialization"
+    assert g.total_bytes > steady + g.cuda_context_bytes
+    assert g.initialization_bytes == 2 * g.weights_bytes  # the model beside its flat copy
+    assert g.required_bytes == max(steady, g.initialization_bytes) + g.cuda_context_bytes
+    assert g.required_bytes < g.total_bytes
+    assert g.allocator_limit_bytes == g.required_bytes - g.cuda_context_bytes
     parts = (
         g.weights_bytes
         + g.gradients_bytes
