@@ -501,6 +501,21 @@ def _heldout8() -> list[Case]:
     ]
 
 
+def _heldout9() -> list[Case]:
+    """Unseen configurations for what ZeRO-1/2 initialisation leaves cached (the model's blocks,
+    the flat copy, the partition's clone) and the fp64 norm blocks of optimizer offload: untied
+    and tied heads, a 256k vocabulary, ZeRO-1 offload with accumulation, two GPUs; and LoRA with
+    ZeRO-3 parameter offload over a 152k vocabulary, whose slack the other records split on."""
+    h = "heldout9"
+    return [
+        make_case("llama-3.2-1b", "full", 2, "opt", True, 2048, 1, 1, group=h, steps=2),
+        make_case("gemma-2-2b", "full", 2, "opt", True, 2048, 1, 1, group=h, steps=2),
+        make_case("llama-3.2-3b", "full", 1, "opt", True, 1024, 2, 2, group=h, steps=2),
+        make_case("phi-3-mini", "full", 2, "opt", True, 1024, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-7b", "lora", 3, "opt+param", True, 2048, 1, 1, gpus=2, group=h, steps=2),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -525,10 +540,11 @@ HELDOUT5_CASES: list[Case] = _heldout5()
 HELDOUT6_CASES: list[Case] = _heldout6()
 HELDOUT7_CASES: list[Case] = _heldout7()
 HELDOUT8_CASES: list[Case] = _heldout8()
+HELDOUT9_CASES: list[Case] = _heldout9()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
-                                   "heldout8": HELDOUT8_CASES,
+                                   "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES,
                                    "limit": _limit_experiment()}
 
 

@@ -15,6 +15,7 @@ from bench.cases import (
     HELDOUT6_CASES,
     HELDOUT7_CASES,
     HELDOUT8_CASES,
+    HELDOUT9_CASES,
     HELDOUT_CASES,
     MATRICES,
     MODELS,
@@ -128,7 +129,7 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
     assert {k: v for k, v in MATRICES.items() if k != "limit"} == {
         "main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES, "heldout4": HELDOUT4_CASES,
         "heldout5": HELDOUT5_CASES, "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
-        "heldout8": HELDOUT8_CASES}
+        "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
     families = {c.spec["model"]["config"]["model_type"] for c in HELDOUT_CASES}
@@ -142,7 +143,7 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
 def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
     seen = {c.name for c in CASES} | {c.name for c in HELDOUT_CASES}
     for later in (HELDOUT3_CASES, HELDOUT4_CASES, HELDOUT5_CASES, HELDOUT6_CASES, HELDOUT7_CASES,
-                  HELDOUT8_CASES):
+                  HELDOUT8_CASES, HELDOUT9_CASES):
         names = [c.name for c in later]
         assert len(set(names)) == len(names) and not seen & set(names)
         seen |= set(names)
