@@ -44,3 +44,20 @@ def test_summary_keeps_host_errors_to_offload_cases() -> None:
     stats = accuracy.summary(rows)
     assert len(stats["gpu_peak"]) == 2 and len(stats["host"]) == 1
     assert any("CUDA_CONTEXT_BYTES" in line for line in accuracy.calibration(rows))
+
+
+def test_slack_fit_keeps_what_initialisation_reserves_as_a_floor() -> None:
+    """A record whose planned peak is what ZeRO-1/2 initialisation leaves reserved does not move
+    with the slack constants until the steady peak plus slack passes that floor."""
+    accuracy = _accuracy()
+    gib = 1024**3
+    floored = accuracy.SlackCase("floored", "a.jsonl", 10 * gib, (1.0, 0.0, 0.0, 0.0), 20 * gib, 20 * gib)
+    steady = accuracy.SlackCase("steady", "b.jsonl", 10 * gib, (1.0, 0.0, 0.0, 0.0), 12 * gib)
+    assert floored.error(0.0, 0, 0, 0) == 0.0
+    assert floored.error(12 * gib, 0, 0, 0) == 0.1
+    assert steady.error(2 * gib, 0, 0, 0) == 0.0
+    # the fit finds the slack that puts the steady record on its measurement; the floored one
+    # stays exact on its floor for every slack below 10 GiB
+    fitted = accuracy.fit_slack([floored, steady, steady])
+    assert abs(fitted[0] - 2 * gib) <= 0.025 * gib
+    assert floored.error(*fitted) == 0.0
