@@ -522,7 +522,7 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     slack = _allocator_slack(facts, s, w, gathered)
     context = C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0)
     init_allocated, init_reserved = _initialization(facts, s)
-    init_reserved += _norm_segments(facts, s)
+    init_reserved += _reduction_stream_blocks(facts, s)
     host, nvme = _host(facts, s, w)
     return MemoryEstimate(
         weights_bytes=int(weights),
@@ -564,18 +564,22 @@ def _initialization(facts: ModelFacts, s: Setup) -> tuple[float, float]:
     return whole + flat, whole + flat + clone
 
 
-def _norm_segments(facts: ModelFacts, s: Setup) -> float:
-    """ZeRO-1/2 with the optimizer offloaded and ``overlap_comm``: the fp64 copies of gradient
-    slices whose norms are taken on the reduction stream, whose blocks the default stream's cached
-    blocks cannot serve. The first bucket reduced in backward sets the first block (an untied
-    head's gradient, else a layer's); a larger gradient later (a tied embedding's) adds its own."""
+def _reduction_stream_blocks(facts: ModelFacts, s: Setup) -> float:
+    """ZeRO-1/2 with the optimizer offloaded and ``overlap_comm``: blocks allocated on the reduction
+    stream, which the default stream's cached blocks cannot serve. The fp64 copies of gradient
+    slices whose norms are taken there: the first bucket reduced in backward sets the first block
+    (an untied head's gradient, else a layer's); a larger gradient later (a tied embedding's) adds
+    its own. On several GPUs, ``allreduce_bucket``'s flat copy of a bucket's gradients."""
     if s.zero_stage not in (1, 2) or s.offload_optimizer == "none" or not s.knobs.overlap_comm:
         return 0.0
-    per_rank = facts.trainable_parameters / s.num_gpus
+    t = facts.trainable_parameters
+    per_rank = t / s.num_gpus
     largest = min(_largest_trainable(facts), per_rank)
     head_first = s.method == "full" and not facts.arch.tie_word_embeddings
     first = largest if head_first else min(_largest_layer_trainable(facts), per_rank)
-    return _FP64 * (first + (largest if largest > first else 0.0))
+    norms = _FP64 * (first + (largest if largest > first else 0.0))
+    flat_bucket = weight_bytes(s.precision) * min(s.knobs.reduce_bucket_size, t) if s.num_gpus > 1 else 0.0
+    return norms + flat_bucket
 
 
 def _at_head_backward(facts: ModelFacts, s: Setup, w: int, acts: ActivationEstimate) -> float:
