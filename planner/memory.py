@@ -111,11 +111,11 @@ class MemoryEstimate:
     total_bytes: int  # what NVML shows for the busiest GPU on a card with room to spare
     host: HostEstimate
     nvme_bytes: int
-    initialization_bytes: int = 0  # allocated at deepspeed.initialize's peak
+    initialization_bytes: int  # allocated at deepspeed.initialize's peak
     #: the blocks initialisation leaves in the allocator's cache, which NVML counts while they last
-    initialization_reserved_bytes: int = 0
+    initialization_reserved_bytes: int
     #: what must fit: ``total_bytes`` less the cached blocks an allocator under pressure gives back
-    required_bytes: int = 0
+    required_bytes: int
 
     @property
     def peak_phase(self) -> str:
@@ -522,7 +522,7 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     slack = _allocator_slack(facts, s, w, gathered)
     context = C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0)
     init_allocated, init_reserved = _initialization(facts, s)
-    init_reserved += _reduction_stream_blocks(facts, s)
+    init_reserved += _reduction_stream_blocks(facts, s, w)
     host, nvme = _host(facts, s, w)
     return MemoryEstimate(
         weights_bytes=int(weights),
@@ -564,7 +564,7 @@ def _initialization(facts: ModelFacts, s: Setup) -> tuple[float, float]:
     return whole + flat, whole + flat + clone
 
 
-def _reduction_stream_blocks(facts: ModelFacts, s: Setup) -> float:
+def _reduction_stream_blocks(facts: ModelFacts, s: Setup, w: int) -> float:
     """ZeRO-1/2 with the optimizer offloaded and ``overlap_comm``: blocks allocated on the reduction
     stream, which the default stream's cached blocks cannot serve. The fp64 copies of gradient
     slices whose norms are taken there: the first bucket reduced in backward sets the first block
@@ -578,7 +578,7 @@ def _reduction_stream_blocks(facts: ModelFacts, s: Setup) -> float:
     head_first = s.method == "full" and not facts.arch.tie_word_embeddings
     first = largest if head_first else min(_largest_layer_trainable(facts), per_rank)
     norms = _FP64 * (first + (largest if largest > first else 0.0))
-    flat_bucket = weight_bytes(s.precision) * min(s.knobs.reduce_bucket_size, t) if s.num_gpus > 1 else 0.0
+    flat_bucket = w * min(s.knobs.reduce_bucket_size, t) if s.num_gpus > 1 else 0.0
     return norms + flat_bucket
 
 

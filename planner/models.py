@@ -87,8 +87,8 @@ class PerGpuMemory(_Out):
     allocator_slack_bytes: int
     forward_backward_bytes: int
     optimizer_step_bytes: int
-    #: allocated at ``deepspeed.initialize``'s peak (ZeRO-1/2 flatten the trainable parameters
-    #: beside the model; 0 where that is never the larger)
+    #: allocated at ``deepspeed.initialize``'s peak: ZeRO-1/2 flatten the trainable parameters
+    #: beside the model (0 under ZeRO-0 and ZeRO-3, which do not)
     initialization_bytes: int = 0
     peak_phase: str
     total_bytes: int

@@ -346,19 +346,19 @@ def test_zero12_initialisation_flattens_beside_the_model_and_leaves_its_blocks_c
     z2 = _setup(zero_stage=2, offload_optimizer="cpu")
     assert _initialization(facts, z2) == (2 * whole, 3 * whole)
     assert _initialization(facts, z2.with_(num_gpus=2)) == (2 * whole, 2.5 * whole)
-    assert _reduction_stream_blocks(facts, z2) == 8 * (layer + emb)
+    assert _reduction_stream_blocks(facts, z2, 2) == 8 * (layer + emb)
     bucket = z2.knobs.reduce_bucket_size
     per_rank = facts.trainable_parameters / 2
-    two = _reduction_stream_blocks(facts, z2.with_(num_gpus=2))
+    two = _reduction_stream_blocks(facts, z2.with_(num_gpus=2), 2)
     assert two == 8 * (layer + min(emb, per_rank)) + 2 * bucket
     serial = z2.with_(knobs=replace(z2.knobs, overlap_comm=False))
-    assert _reduction_stream_blocks(facts, serial) == 0.0
-    assert _reduction_stream_blocks(facts, z2.with_(offload_optimizer="none")) == 0.0
+    assert _reduction_stream_blocks(facts, serial, 2) == 0.0
+    assert _reduction_stream_blocks(facts, z2.with_(offload_optimizer="none"), 2) == 0.0
     # ZeRO-0 and ZeRO-3 do not flatten the whole model
     assert _initialization(facts, z2.with_(zero_stage=3)) == (0.0, 0.0)
 
     untied = _facts("microsoft/Phi-3-mini-4k-instruct")  # the untied head's gradient is reduced first
-    assert _reduction_stream_blocks(untied, z2) == 8 * untied.arch.embedding_params
+    assert _reduction_stream_blocks(untied, z2, 2) == 8 * untied.arch.embedding_params
     # LoRA: only the adapters are flattened
     arch = arch_from_config(catalogue()["Qwen/Qwen2.5-3B"].config)
     lora = model_facts(arch, "lora", resolve_lora(arch, 16, ["q_proj", "v_proj"], 0.0), "bf16")
