@@ -177,6 +177,12 @@ MODELS: dict[str, dict[str, Any]] = {
     "gemma-2-2b": _catalogued("google/gemma-2-2b"),
     # Only in the third held-out matrix.
     "llama-3.1-8b": _catalogued("meta-llama/Llama-3.1-8B"),
+    # Only in the tenth held-out matrix.
+    "gemma-2-9b": _catalogued("google/gemma-2-9b"),
+    "gemma-7b": _catalogued("google/gemma-7b"),
+    "qwen2.5-14b": _catalogued("Qwen/Qwen2.5-14B"),
+    "llama-3-8b": _catalogued("meta-llama/Meta-Llama-3-8B"),
+    "mistral-7b-v0.1": _catalogued("mistralai/Mistral-7B-v0.1"),
 }
 
 # The machine the matrix was written for: one H200 (143771 MiB as NVML reports it) in a host of
@@ -516,6 +522,24 @@ def _heldout9() -> list[Case]:
     ]
 
 
+def _heldout10() -> list[Case]:
+    """Models no record has (Gemma 2 9B, Gemma 7B, Qwen2.5-14B, Llama 3 8B, Mistral 7B v0.1) in
+    the shapes a team runs most: LoRA on one or two GPUs, full fine-tuning under ZeRO-3 across two
+    GPUs and with optimizer offload; plus ZeRO-1/2 of smaller models at shapes not measured."""
+    h = "heldout10"
+    return [
+        make_case("gemma-2-9b", "lora", 3, "none", True, 2048, 2, 1, group=h),
+        make_case("qwen2.5-14b", "lora", 2, "none", True, 2048, 1, 1, gpus=2, group=h),
+        make_case("gemma-7b", "full", 3, "none", True, 1024, 1, 1, gpus=2, group=h, steps=2),
+        make_case("llama-3-8b", "full", 3, "opt", True, 2048, 1, 1, gpus=2, group=h, steps=2),
+        make_case("mistral-7b-v0.1", "lora", 3, "opt+param", True, 4096, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-3b", "full", 1, "none", False, 1024, 2, 2, gpus=2, group=h),
+        make_case("llama-3.2-3b", "full", 2, "opt", True, 4096, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-1.5b", "full", 0, "none", True, 1024, 4, 1, group=h),
+        make_case("gemma-2-9b", "full", 3, "opt", True, 1024, 1, 1, gpus=2, group=h, steps=2),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -541,10 +565,12 @@ HELDOUT6_CASES: list[Case] = _heldout6()
 HELDOUT7_CASES: list[Case] = _heldout7()
 HELDOUT8_CASES: list[Case] = _heldout8()
 HELDOUT9_CASES: list[Case] = _heldout9()
+HELDOUT10_CASES: list[Case] = _heldout10()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
                                    "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES,
+                                   "heldout10": HELDOUT10_CASES,
                                    "limit": _limit_experiment()}
 
 
