@@ -266,7 +266,9 @@ def calibration(rows: Sequence[Row]) -> list[str]:
             f"- reserved / allocated - 1 (modelled as {C.ALLOCATOR_SLACK_BYTES / GIB:.3f} GiB + "
             f"{C.ALLOCATOR_LOGITS_BLOCKS:g} x one micro-batch's fp32 logits + "
             f"{C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS:g} x the largest trainable tensor's fp32 bytes + "
-            f"{C.ALLOCATOR_GATHERED_BLOCKS:g} x ZeRO-3's gathered parameters where it fetches them + "
+            f"{C.ALLOCATOR_VOCABULARY_BLOCKS:g} x the embedding's weight bytes where ZeRO-3 fetches "
+            f"parameters + {C.ALLOCATOR_GATHERED_BLOCKS:g} x the gathered parameters there under full "
+            "fine-tuning + "
             f"ZeRO-1/2 buckets the step cannot reuse): median {statistics.median(slack):.3f}"
         )
     if speed:
@@ -277,10 +279,12 @@ def calibration(rows: Sequence[Row]) -> list[str]:
     return lines or ["- no successful measurements"]
 
 
-#: The fitted slack constants, in the order SlackCase.error takes them.
+#: The fitted slack constants, in the order SlackCase.error takes them, with the upper end of the
+#: range the fit searches (bytes for the first, multiples of a size for the others).
 _SLACK_NAMES = ("ALLOCATOR_SLACK_BYTES", "ALLOCATOR_LOGITS_BLOCKS", "ALLOCATOR_LARGEST_GRADIENT_BLOCKS",
-                "ALLOCATOR_GATHERED_BLOCKS")
-Slack = tuple[float, float, float, float]
+                "ALLOCATOR_GATHERED_BLOCKS", "ALLOCATOR_VOCABULARY_BLOCKS")
+_SLACK_RANGES = (3.0 * GIB, 0.6, 6.0, 3.0, 6.0)
+Slack = tuple[float, ...]
 
 
 @dataclass(frozen=True)
@@ -302,8 +306,7 @@ class SlackCase:
 
 
 def _slack_constants() -> Slack:
-    a, b, c, d = (float(getattr(C, name)) for name in _SLACK_NAMES)
-    return a, b, c, d
+    return tuple(float(getattr(C, name)) for name in _SLACK_NAMES)
 
 
 def _set_slack_constants(values: Sequence[float]) -> None:
@@ -351,7 +354,7 @@ def _objective(errors: Any) -> Any:
 
 
 def _grid_best(cases: Sequence[SlackCase], axes: Sequence[Sequence[float]]) -> Slack:
-    """The grid point (one value per constant) with the smallest objective, evaluated at once."""
+    """The grid point (one value per constant) with the smallest objective, evaluated in chunks."""
     import numpy as np
 
     base = np.array([c.base for c in cases])
@@ -360,20 +363,32 @@ def _grid_best(cases: Sequence[SlackCase], axes: Sequence[Sequence[float]]) -> S
     floor = np.array([c.floor for c in cases])
     mesh = np.stack(np.meshgrid(*[np.asarray(a, dtype=float) for a in axes], indexing="ij"), -1)
     points = mesh.reshape(-1, len(axes))
-    errors = (np.maximum(base + points @ units.T, floor) - measured) / measured  # points x cases
-    a, b, c, d = (float(v) for v in points[int(np.argmin(_objective(errors)))])
-    return a, b, c, d
+    scores = []
+    for start in range(0, len(points), 50_000):
+        chunk = points[start : start + 50_000]
+        errors = (np.maximum(base + chunk @ units.T, floor) - measured) / measured  # points x cases
+        scores.append(_objective(errors))
+    return tuple(float(v) for v in points[int(np.argmin(np.concatenate(scores)))])
+
+
+def _slack_text(values: Slack) -> str:
+    return ", ".join(
+        f"{name} {v / GIB:.3f} GiB" if name == "ALLOCATOR_SLACK_BYTES" else f"{name} {v:.4g}"
+        for name, v in zip(_SLACK_NAMES, values, strict=True)
+    )
 
 
 def fit_slack(cases: Sequence[SlackCase]) -> Slack:
-    """(bytes, logits blocks, largest-tensor blocks, gathered blocks): a grid of 0-3 GiB x 0-0.5 x
-    0-6 x 0-3, refined around its best point to 0.025 GiB x 0.0125 x 0.05 x 0.025."""
-    coarse = [[a * 0.1 * GIB for a in range(31)], [x * 0.05 for x in range(11)], [b * 0.2 for b in range(31)],
-              [g * 0.1 for g in range(31)]]
-    best = _grid_best(cases, coarse)
-    steps = (0.025 * GIB, 0.0125, 0.05, 0.025)
-    fine = [[max(0.0, v + i * step) for i in range(-4, 5)] for v, step in zip(best, steps, strict=True)]
-    return _grid_best(cases, fine)
+    """The slack constants with the smallest objective: a grid of seven values per constant over
+    ``_SLACK_RANGES``, then five times a grid of seven around the best point, each a third as
+    wide (final steps: 0.002 GiB and 0.0004-0.004 of a block)."""
+    steps = [r / 6 for r in _SLACK_RANGES]
+    best = _grid_best(cases, [[i * st for i in range(7)] for st in steps])
+    for _ in range(5):
+        steps = [st / 3 for st in steps]
+        axes = [[max(0.0, v + i * st) for i in range(-3, 4)] for v, st in zip(best, steps, strict=True)]
+        best = _grid_best(cases, axes)
+    return best
 
 
 class _FromFile(Protocol):
@@ -411,10 +426,7 @@ def cross_validation(rows: Sequence[Row]) -> list[str]:
     loo, by_file = held_out_errors(cases, fit_slack, lambda c, k: c.error(*k))
     current = _slack_constants()
     lines = [
-        f"- refit on all records: ALLOCATOR_SLACK_BYTES {fitted[0] / GIB:.3f} GiB, "
-        f"ALLOCATOR_LOGITS_BLOCKS {fitted[1]:.4f}, ALLOCATOR_LARGEST_GRADIENT_BLOCKS {fitted[2]:.2f}, "
-        f"ALLOCATOR_GATHERED_BLOCKS {fitted[3]:.3f} (planner/constants.py: {current[0] / GIB:.3f} GiB, "
-        f"{current[1]:g}, {current[2]:g}, {current[3]:g})",
+        f"- refit on all records: {_slack_text(fitted)} (planner/constants.py: {_slack_text(current)})",
         f"- GPU peak, planner/constants.py: {_stats([c.error(*current) for c in cases])}",
         f"- GPU peak, in-sample refit: {_stats(in_sample)}",
         f"- GPU peak, leave-one-out (each record predicted by constants fitted on the others): {_stats(loo)}",
@@ -650,7 +662,7 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         *(_summary_lines(summary(held)) if held else ["- none yet: new results files land here"]),
         "",
         "## Cross-validation of the allocator-slack fit",
-        "The four slack constants are the only fitted part of the GPU peak; everything else is "
+        "The five slack constants are the only fitted part of the GPU peak; everything else is "
         "arithmetic on the model and DeepSpeed's buffers. Each record is predicted by constants "
         "fitted on all records, by constants fitted without it, and by constants fitted without its "
         "results file (each file is one device session: the closest to a new configuration on a new "

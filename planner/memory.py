@@ -638,14 +638,20 @@ def _largest_layer_trainable(facts: ModelFacts) -> int:
 def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:
     """Reserved minus allocated at the reserved peak: the allocator's fixed part, the cached
     vocabulary-sized blocks of the loss, the cached gradient-sized blocks of the largest trainable
-    tensor, the freed buffers of ZeRO-3's parameter fetches (only where parameters are fetched:
-    several GPUs or parameter offload), and ZeRO-1/2's freed reduce buckets when the step cannot
-    reuse them (see constants.py)."""
+    tensor, and where ZeRO-3 fetches parameters (several GPUs or parameter offload) the cached
+    blocks of the gathered embedding and LM head and, for full fine-tuning, of the other fetches;
+    ZeRO-1/2's freed reduce buckets when the step cannot reuse them (see constants.py)."""
+    arch = facts.arch
+    fetched = 0.0
+    if gathered > 0:
+        fetched = C.ALLOCATOR_VOCABULARY_BLOCKS * w * arch.vocab_size * arch.hidden_size
+        if s.method == "full":
+            fetched += C.ALLOCATOR_GATHERED_BLOCKS * gathered
     return (
         C.ALLOCATOR_SLACK_BYTES
-        + C.ALLOCATOR_LOGITS_BLOCKS * _FP32 * facts.arch.vocab_size * s.tokens_per_micro_batch
+        + C.ALLOCATOR_LOGITS_BLOCKS * _FP32 * arch.vocab_size * s.tokens_per_micro_batch
         + C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS * _FP32 * _largest_trainable(facts)
-        + C.ALLOCATOR_GATHERED_BLOCKS * gathered
+        + fetched
         + _stranded_buckets(facts, s, w)
     )
 

@@ -389,6 +389,30 @@ def test_allocator_slack_grows_with_the_loss_blocks_of_a_micro_batch() -> None:
     assert grown > 1 * GIB  # 6k more tokens over a 152k vocabulary: not a rounding term
 
 
+def test_zero3_fetches_cache_blocks_of_the_embeddings_size_and_under_full_tuning_of_the_gathers() -> None:
+    """Where ZeRO-3 fetches parameters (two GPUs here) the slack gains the embedding-sized blocks
+    of the gathered embedding and LM head; full fine-tuning also the other all-gathers' blocks."""
+    from planner import constants as C
+
+    def per_gpu(model: str, method: str, gpus: int) -> Any:
+        resources = {"num_gpus": gpus, "zero_stage": 3, "offload_optimizer": "none", "offload_param": "none"}
+        spec = job(model={"name": model}, method=method, resources=resources,
+                   hardware=hardware(gpus=gpus, host_gib=512))
+        return plan(spec).per_gpu
+
+    for model, vocab, hidden in (("meta-llama/Llama-3.1-8B", 128256, 4096),
+                                 ("mistralai/Mistral-7B-v0.3", 32768, 4096)):
+        one, two = per_gpu(model, "lora", 1), per_gpu(model, "lora", 2)
+        assert two.gathered_parameters_bytes > 0 == one.gathered_parameters_bytes
+        grown = two.allocator_slack_bytes - one.allocator_slack_bytes
+        assert grown == pytest.approx(C.ALLOCATOR_VOCABULARY_BLOCKS * 2 * vocab * hidden, abs=2)
+    one, two = per_gpu("meta-llama/Llama-3.2-1B", "full", 1), per_gpu("meta-llama/Llama-3.2-1B", "full", 2)
+    grown = two.allocator_slack_bytes - one.allocator_slack_bytes
+    expected = (C.ALLOCATOR_VOCABULARY_BLOCKS * 2 * 128256 * 2048
+                + C.ALLOCATOR_GATHERED_BLOCKS * two.gathered_parameters_bytes)
+    assert grown == pytest.approx(expected, abs=2)
+
+
 def test_zero2_buckets_stay_cached_with_optimizer_offload_when_the_partition_outgrows_one() -> None:
     from planner import constants as C
 
