@@ -265,7 +265,8 @@ def calibration(rows: Sequence[Row]) -> list[str]:
         lines.append(
             f"- reserved / allocated - 1 (modelled as {C.ALLOCATOR_SLACK_BYTES / GIB:.3f} GiB + "
             f"{C.ALLOCATOR_LOGITS_BLOCKS:g} x one micro-batch's fp32 logits + "
-            f"{C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS:g} x the largest trainable tensor's fp32 bytes + "
+            f"{C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS:g} x the largest trainable tensor's fp32 bytes "
+            f"({C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED:g} x with the optimizer offloaded) + "
             f"{C.ALLOCATOR_VOCABULARY_BLOCKS:g} x the embedding's weight bytes where ZeRO-3 fetches "
             f"parameters + {C.ALLOCATOR_GATHERED_BLOCKS:g} x the gathered parameters there under full "
             "fine-tuning + "
@@ -282,8 +283,9 @@ def calibration(rows: Sequence[Row]) -> list[str]:
 #: The fitted slack constants, in the order SlackCase.error takes them, with the upper end of the
 #: range the fit searches (bytes for the first, multiples of a size for the others).
 _SLACK_NAMES = ("ALLOCATOR_SLACK_BYTES", "ALLOCATOR_LOGITS_BLOCKS", "ALLOCATOR_LARGEST_GRADIENT_BLOCKS",
-                "ALLOCATOR_GATHERED_BLOCKS", "ALLOCATOR_VOCABULARY_BLOCKS")
-_SLACK_RANGES = (3.0 * GIB, 0.6, 6.0, 3.0, 6.0)
+                "ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED", "ALLOCATOR_GATHERED_BLOCKS",
+                "ALLOCATOR_VOCABULARY_BLOCKS")
+_SLACK_RANGES = (3.0 * GIB, 0.6, 6.0, 6.0, 3.0, 6.0)
 Slack = tuple[float, ...]
 
 
@@ -662,7 +664,7 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         *(_summary_lines(summary(held)) if held else ["- none yet: new results files land here"]),
         "",
         "## Cross-validation of the allocator-slack fit",
-        "The five slack constants are the only fitted part of the GPU peak; everything else is "
+        "The six slack constants are the only fitted part of the GPU peak; everything else is "
         "arithmetic on the model and DeepSpeed's buffers. Each record is predicted by constants "
         "fitted on all records, by constants fitted without it, and by constants fitted without its "
         "results file (each file is one device session: the closest to a new configuration on a new "

@@ -540,6 +540,22 @@ def _heldout10() -> list[Case]:
     ]
 
 
+def _heldout11() -> list[Case]:
+    """Unseen configurations for the slack's fetch terms (the gathered embedding's and head's
+    blocks over 256k, 152k, 128k and 32k vocabularies, LoRA and full fine-tuning on two GPUs) and
+    its largest-gradient term with the optimizer offloaded (ZeRO-1/2/3)."""
+    h = "heldout11"
+    return [
+        make_case("gemma-2-9b", "lora", 3, "opt+param", True, 2048, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-14b", "lora", 3, "none", True, 2048, 2, 1, gpus=2, group=h),
+        make_case("llama-3-8b", "lora", 3, "opt", True, 4096, 1, 1, gpus=2, group=h, steps=2),
+        make_case("llama-3.2-3b", "lora", 3, "opt+param", True, 4096, 2, 1, gpus=2, group=h, steps=2),
+        make_case("mistral-7b-v0.1", "full", 3, "none", True, 2048, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-7b", "full", 2, "opt", True, 2048, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-0.5b", "full", 1, "opt", False, 2048, 2, 1, group=h, steps=2),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -566,11 +582,12 @@ HELDOUT7_CASES: list[Case] = _heldout7()
 HELDOUT8_CASES: list[Case] = _heldout8()
 HELDOUT9_CASES: list[Case] = _heldout9()
 HELDOUT10_CASES: list[Case] = _heldout10()
+HELDOUT11_CASES: list[Case] = _heldout11()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
                                    "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES,
-                                   "heldout10": HELDOUT10_CASES,
+                                   "heldout10": HELDOUT10_CASES, "heldout11": HELDOUT11_CASES,
                                    "limit": _limit_experiment()}
 
 

@@ -16,6 +16,8 @@ from bench.cases import (
     HELDOUT7_CASES,
     HELDOUT8_CASES,
     HELDOUT9_CASES,
+    HELDOUT10_CASES,
+    HELDOUT11_CASES,
     HELDOUT_CASES,
     MATRICES,
     MODELS,
@@ -68,7 +70,8 @@ def test_matrix_spans_the_space() -> None:
         "ckpt": {c.spec["training"]["gradient_checkpointing"] for c in CASES},
         "gpus": {c.num_gpus for c in CASES},
     }
-    heldout_only = {"llama-3.2-3b", "mistral-7b-v0.3", "phi-3-mini", "gemma-2-2b", "llama-3.1-8b"}
+    heldout_only = {"llama-3.2-3b", "mistral-7b-v0.3", "phi-3-mini", "gemma-2-2b", "llama-3.1-8b",
+                    "gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1"}
     assert spans["model"] == set(MODELS) - heldout_only
     assert spans["method"] == {"full", "lora"}
     assert spans["stage"] == {0, 2, 3}
@@ -129,7 +132,8 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
     assert {k: v for k, v in MATRICES.items() if k != "limit"} == {
         "main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES, "heldout4": HELDOUT4_CASES,
         "heldout5": HELDOUT5_CASES, "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
-        "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES}
+        "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES, "heldout10": HELDOUT10_CASES,
+        "heldout11": HELDOUT11_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
     families = {c.spec["model"]["config"]["model_type"] for c in HELDOUT_CASES}
@@ -143,7 +147,7 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
 def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
     seen = {c.name for c in CASES} | {c.name for c in HELDOUT_CASES}
     for later in (HELDOUT3_CASES, HELDOUT4_CASES, HELDOUT5_CASES, HELDOUT6_CASES, HELDOUT7_CASES,
-                  HELDOUT8_CASES, HELDOUT9_CASES):
+                  HELDOUT8_CASES, HELDOUT9_CASES, HELDOUT10_CASES, HELDOUT11_CASES):
         names = [c.name for c in later]
         assert len(set(names)) == len(names) and not seen & set(names)
         seen |= set(names)
@@ -153,6 +157,17 @@ def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
     # the shapes the second held-out set missed: accumulation and parameter offload on two GPUs
     assert any(c.spec["training"]["gradient_accumulation_steps"] > 1 for c in two_gpu)
     assert any(c.spec["resources"]["offload_param"] == "cpu" for c in two_gpu)
+
+
+def test_the_tenth_heldout_matrix_brings_models_no_earlier_matrix_ran() -> None:
+    def models(cases: list[Case]) -> set[str]:
+        return {c.name.split("|")[0] for c in cases}
+
+    earlier = set().union(*(models(cases) for name, cases in MATRICES.items()
+                            if name not in ("heldout10", "heldout11")))
+    new = models(HELDOUT10_CASES) - earlier
+    assert new == {"gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1"}
+    assert new <= set(MODELS)
 
 
 def test_the_limit_experiment_reruns_measured_configurations() -> None:

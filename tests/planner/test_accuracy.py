@@ -51,12 +51,13 @@ def test_slack_fit_keeps_what_initialisation_reserves_as_a_floor() -> None:
     with the slack constants until the steady peak plus slack passes that floor."""
     accuracy = _accuracy()
     gib = 1024**3
-    units = (1.0, 0.0, 0.0, 0.0, 0.0)
+    others = (0.0,) * (len(accuracy._SLACK_NAMES) - 1)
+    units = (1.0, *others)
     floored = accuracy.SlackCase("floored", "a.jsonl", 10 * gib, units, 20 * gib, 20 * gib)
     steady = accuracy.SlackCase("steady", "b.jsonl", 10 * gib, units, 12 * gib)
-    assert floored.error(0.0, 0, 0, 0, 0) == 0.0
-    assert floored.error(12 * gib, 0, 0, 0, 0) == 0.1
-    assert steady.error(2 * gib, 0, 0, 0, 0) == 0.0
+    assert floored.error(0.0, *others) == 0.0
+    assert floored.error(12 * gib, *others) == 0.1
+    assert steady.error(2 * gib, *others) == 0.0
     # the fit finds the slack that puts the steady record on its measurement; the floored one
     # stays exact on its floor for every slack below 10 GiB
     fitted = accuracy.fit_slack([floored, steady, steady])

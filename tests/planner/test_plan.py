@@ -423,7 +423,7 @@ def test_zero2_buckets_stay_cached_with_optimizer_offload_when_the_partition_out
 
     def expected(vocab: int, hidden: int, buckets: int) -> float:
         return (C.ALLOCATOR_SLACK_BYTES + C.ALLOCATOR_LOGITS_BLOCKS * 4 * vocab * 4 * 1024
-                + C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS * 4 * vocab * hidden + buckets * int(5e8) * 2)
+                + C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED * 4 * vocab * hidden + buckets * int(5e8) * 2)
 
     # Llama 3.2 3B: 6.4 GB of bf16 gradients, several buckets, two of them cached (overlap_comm);
     # Qwen2.5-0.5B: its 1.0 GB fit in one bucket, which the offloaded step reuses
