@@ -582,46 +582,12 @@ def host_probe(work: Path, limit_s: float) -> dict[str, Any] | None:
     return probe
 
 
-def probe_main(result: Path, repeats: int = 5) -> int:
+def probe_main(result: Path) -> int:
     import torch
 
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    from worker.hostclock import probe
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    def best_of(fn: Callable[[], None], n: int) -> float:
-        """Least seconds per call of ``fn`` over ``repeats`` rounds of ``n`` calls (after one warm-up)."""
-        fn()
-        sync()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            sync()
-            times.append((time.perf_counter() - t0) / n)
-        return min(times)
-
-    def python_loop() -> None:
-        acc = 0
-        for i in range(1000):
-            acc += i
-
-    x = torch.zeros(1024, device=device)
-    layer = torch.nn.Linear(64, 64).to(device)
-    layer.register_forward_pre_hook(lambda module, args: None)
-    layer.register_forward_hook(lambda module, args, output: None)
-    inp = torch.zeros(1, 64, device=device)
-    with torch.no_grad():
-        figures = {
-            "device": device.type,
-            "python_loop_1000_us": round(best_of(python_loop, 200) * 1e6, 2),
-            "tensor_op_us": round(best_of(lambda: x.mul_(1.0), 2000) * 1e6, 2),
-            "hooked_module_us": round(best_of(lambda: layer(inp), 2000) * 1e6, 2),
-        }
-    result.write_text(json.dumps(figures))
+    result.write_text(json.dumps(probe("cuda" if torch.cuda.is_available() else "cpu")))
     return 0
 
 

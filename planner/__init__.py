@@ -16,7 +16,7 @@ from planner.memory import MemoryEstimate, ModelFacts, estimate_memory
 from planner.models import Alternative, Note, Plan
 from planner.setup import Setup, ZeroKnobs
 from planner.spec import HardwareSpec, JobSpec
-from planner.speed import GpuRates, SpeedEstimate, estimate_speed
+from planner.speed import GpuRates, SpeedEstimate, estimate_speed, host_clock_factor
 
 __all__ = [
     "Alternative",
@@ -36,6 +36,7 @@ __all__ = [
     "build_deepspeed_config",
     "estimate_memory",
     "estimate_speed",
+    "host_clock_factor",
     "model_facts",
     "parse_pinned",
     "plan",

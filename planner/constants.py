@@ -46,17 +46,17 @@ NCCL_BYTES_PER_GPU = int(0.47 * GIB)
 #: offload); under LoRA the fit gives that term nothing once the vocabulary term is there. The
 #: ZeRO-1/2 reduce buckets are structural, not fitted, and so is what ZeRO-1/2 initialisation
 #: leaves reserved (memory.py's ``_initialization``), a floor under the peak that the slack does
-#: not add to. The six are fitted on all 89 records of bench/results by the smallest median NVML
+#: not add to. The six are fitted on all 96 records of bench/results by the smallest median NVML
 #: error with a steep penalty below -2.5%; bench/accuracy.py reports in-sample, leave-one-out and
 #: leave-one-file-out errors. These
 #: blocks are needed, not idle: held to its allocated peak plus a fifth of this slack, PyTorch's
 #: allocator ran out of memory in 6 of 7 configurations (bench/results/memory-limit/).
-ALLOCATOR_SLACK_BYTES = int(1.15 * GIB)
-ALLOCATOR_LOGITS_BLOCKS = 0.475
-ALLOCATOR_LARGEST_GRADIENT_BLOCKS = 4.95
-ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED = 3.62
-ALLOCATOR_GATHERED_BLOCKS = 0.87
-ALLOCATOR_VOCABULARY_BLOCKS = 3.95
+ALLOCATOR_SLACK_BYTES = int(2.375 * GIB)
+ALLOCATOR_LOGITS_BLOCKS = 0.22
+ALLOCATOR_LARGEST_GRADIENT_BLOCKS = 4.17
+ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED = 3.07
+ALLOCATOR_GATHERED_BLOCKS = 0.485
+ALLOCATOR_VOCABULARY_BLOCKS = 2.98
 #: Evaluation (generation, no optimizer): slack as a share of the allocated peak. Not measured:
 #: no record covers evaluation yet.
 EVAL_ALLOCATOR_SLACK_FRACTION = 0.10
@@ -87,35 +87,42 @@ HOST_SAFETY_FRACTION = 0.10
 # --- speed -----------------------------------------------------------------------------------------
 #: Dense bf16 tensor-core rate of an H200 used when the hardware spec gives none (FLOP/s).
 DEFAULT_GPU_FLOPS = 790e12
-#: The step-time constants below were fitted together on all 45 step times of bench/results
+#: The step-time constants below were fitted together on all 96 step times of bench/results
 #: (Nelder-Mead on the squared log error; bench/accuracy.py refits them and reports leave-one-out
 #: and leave-one-file-out errors). A micro-step is max(GPU clock, host clock): see planner/speed.py.
+#: The host the host-clock constants below describe: the time of one small module call through
+#: two Python hooks on the training device (bench/measure.py's host probe, ``hooked_module_us``).
+#: The probe read 15.8-32.7 us on the same kind of H200 box in six device sessions, whose step
+#: times moved with it; a plan scales its host clock by this box's reading over this
+#: (``hardware.host_clock_factor``). Fitted with the constants below; the records without a probe
+#: count as taken on this host.
+HOST_HOOK_REFERENCE_US = 20.6
 #: Model FLOPs utilisation of the matmuls (the GPU clock: FLOPs / (rate x MFU)).
-MFU = 0.52
+MFU = 0.48
 #: The smallest matmul dimension at which matmuls reach half of MFU. 0: on the H200 data a
 #: size-dependent efficiency was not separable from the host clock, which bounds small shapes.
 MATMUL_HALF_EFFICIENCY_DIM = 0
 #: Host clock: one decoder layer in one pass (forward, backward or recomputation): kernel
 #: launches, HF's Python, checkpointing's bookkeeping. It overlaps the GPU's work, so it sets the
 #: pace of small models only (a 7B LoRA step is FLOP-bound).
-LAYER_PASS_OVERHEAD_S = 3.1e-3
+LAYER_PASS_OVERHEAD_S = 2.9e-3
 #: Host clock: ZeRO-3's fetch/release hooks per pass, for a module whose parameters are gathered
 #: (above ``stage3_param_persistence_threshold``) and for any other hooked module (norms, small
 #: LoRA adapters and peft's ModuleDicts), which costs only the hook's Python.
-ZERO3_FETCH_PASS_OVERHEAD_S = 0.56e-3
-ZERO3_HOOK_PASS_OVERHEAD_S = 0.25e-3
+ZERO3_FETCH_PASS_OVERHEAD_S = 0.49e-3
+ZERO3_HOOK_PASS_OVERHEAD_S = 0.30e-3
 #: Host clock, ZeRO-3 over several GPUs: the latency of each gathered module's all-gather beyond
 #: its bytes (the NVLink term).
-ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.15e-3
+ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.20e-3
 #: GPU optimizer step per parameter a GPU updates (DeepSpeed's bf16 optimizer: fp32 master,
 #: gradient clipping, the fused AdamW, the copy back to bf16).
-GPU_OPTIMIZER_SECONDS_PER_PARAM = 3.9e-11
+GPU_OPTIMIZER_SECONDS_PER_PARAM = 2.4e-11
 #: Optimizer offload: host CPU seconds per parameter updated, summed over the ranks, which share
 #: the host's cores (the DeepSpeedCPUAdam update and DeepSpeed's bookkeeping; the PCIe terms come
 #: on top). ZeRO-3's offload path moves gradients parameter by parameter and costs more than
 #: ZeRO-1/2's flat-buffer path.
-CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.455e-9
-CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.27e-9
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.50e-9
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.31e-9
 #: Effective host<->GPU copy rate of pinned memory over PCIe Gen5 x16 (bytes/s).
 PCIE_BYTES_PER_S = 25e9
 #: Effective NVLink collective (bus) bandwidth between the GPUs of one H200 box (bytes/s).
@@ -145,4 +152,6 @@ CALIBRATION_RESULTS = (
     "nvidia-h200-x2-2026-11-30-heldout-9.jsonl",
     "nvidia-h200-x2-2026-11-30-heldout-10a.jsonl",
     "nvidia-h200-x2-2026-11-30-heldout-10b.jsonl",
+    "nvidia-h200-x2-2026-11-30-heldout-11a.jsonl",
+    "nvidia-h200-x2-2026-11-30-heldout-11b.jsonl",
 )

@@ -156,6 +156,7 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
         flops=hw.gpu_bf16_tflops * 1e12 if hw.gpu_bf16_tflops else C.DEFAULT_GPU_FLOPS,
         pcie_bytes_per_s=hw.pcie_gbps * 1e9 if hw.pcie_gbps else C.PCIE_BYTES_PER_S,
         step_time_factor=hw.step_time_factor or 1.0,
+        host_clock_factor=hw.host_clock_factor or 1.0,
     )
     _refuse_unavailable_nvme(spec, pinned, hw)
     return Prepared(spec, arch, facts, source, _fp32_dtype_field(config, where), pinned, bounds, rates, hw)
@@ -499,6 +500,7 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
         estimated_step_seconds=round(chosen.speed.step_seconds, 6),
         estimated_tokens_per_second=round(chosen.speed.tokens_per_second, 3),
         step_time_factor=p.rates.step_time_factor,
+        host_clock_factor=p.rates.host_clock_factor,
         estimated_steps=steps,
         estimated_duration_seconds=round(steps * chosen.speed.step_seconds, 3) if steps is not None else None,
         deepspeed_config=ds,

@@ -163,6 +163,9 @@ class Plan(_Out):
     estimated_tokens_per_second: float
     #: The box's measured/planned step-time ratio the speed figures include (hardware.step_time_factor).
     step_time_factor: float = 1.0
+    #: This host's clock over the calibration host's that the speed figures include
+    #: (hardware.host_clock_factor).
+    host_clock_factor: float = 1.0
     estimated_steps: int | None
     estimated_duration_seconds: float | None
     deepspeed_config: dict[str, Any]

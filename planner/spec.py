@@ -142,6 +142,11 @@ class HardwareSpec(_Strict):
     #: Measured over planned step time on this box, learned from its finished jobs; multiplies every
     #: step-time figure of the plan. The service fills it in for its own box.
     step_time_factor: Annotated[float, Field(ge=0.01, le=1000)] | None = None
+    #: This host's speed at what sets a step's host clock (Python, kernel launches, ZeRO-3's module
+    #: hooks) relative to the host the step-time constants describe: a module call through two
+    #: Python hooks timed on this box over HOST_HOOK_REFERENCE_US (planner.host_clock_factor).
+    #: Multiplies the host clock of a micro-step. The service fills it in for its own box.
+    host_clock_factor: Annotated[float, Field(ge=0.05, le=50)] | None = None
     #: Why NVMe offload cannot run on this box (DeepSpeed's async I/O op does not build); a spec
     #: that asks for NVMe offload is then refused with this reason. The service fills it in.
     nvme_unavailable: Annotated[str, Field(min_length=1, max_length=1000)] | None = None

@@ -31,6 +31,7 @@ __all__ = [
     "SpeedEstimate",
     "StepTerms",
     "estimate_speed",
+    "host_clock_factor",
     "step_seconds",
     "step_terms",
 ]
@@ -44,6 +45,18 @@ class GpuRates:
     #: The host clock (Python hooks, launches, the CPU optimizer) runs at the host CPU's speed,
     #: which differs from box to box; the factor scales every part of the step alike.
     step_time_factor: float = 1.0
+    #: This host's hooked-module time over the calibration host's (``host_clock_factor``): scales
+    #: the host clock of a micro-step (Python, launches, ZeRO-3's hooks), not the GPU's.
+    host_clock_factor: float = 1.0
+
+
+def host_clock_factor(hooked_module_us: float) -> float:
+    """A host's clock relative to the host the step-time constants describe, from the time of one
+    small module call through two Python hooks (a forward pre-hook and a forward hook) on the
+    training device: what ZeRO-3 and transformers add to every module of every pass."""
+    if hooked_module_us <= 0:
+        raise ValueError("hooked_module_us must be positive")
+    return round(min(50.0, max(0.05, hooked_module_us / C.HOST_HOOK_REFERENCE_US)), 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +103,7 @@ class StepTerms:
     step_comm_seconds: float  # collectives at the accumulation boundary
     flops_per_micro: float  # per GPU
     tokens_per_step: int  # all GPUs together
+    host_clock_factor: float  # this host's clock over the calibration host's
 
 
 def _flops_per_token(facts: ModelFacts, s: Setup) -> tuple[float, float]:
@@ -228,12 +242,13 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         step_comm_seconds=_step_comm(facts, s, w),
         flops_per_micro=flops,
         tokens_per_step=s.tokens_per_micro_batch * s.gradient_accumulation_steps * s.num_gpus,
+        host_clock_factor=rates.host_clock_factor,
     )
 
 
 def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
     """(compute per micro-step, optimizer per step, CPU optimizer per step) seconds."""
-    host = (
+    host = t.host_clock_factor * (
         t.layer_passes * k.layer_pass_s
         + t.zero3_fetch_passes * k.zero3_fetch_pass_s
         + t.zero3_hook_passes * k.zero3_hook_pass_s

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     nvme_bytes: Annotated[int, Field(ge=0, description="NVMe space for offload; 0 turns NVMe "
                                      "offload off.")] = 0
     nvme_path: Annotated[Path | None, Field(description="Folder for NVMe offload swap files.")] = None
+    host_clock_factor: Annotated[float | None, Field(ge=0.05, le=50, description="This host's clock "
+                                                     "over the planner's calibration host's; default: "
+                                                     "probed on a box with NVIDIA GPUs.")] = None
+    host_probe: Annotated[bool, Field(description="Probe this host's clock (a child process, once) "
+                                      "when the settings give no host_clock_factor.")] = True
     lease_ttl_s: Annotated[int, Field(ge=5, description="A GPU lease expires this long after its "
                                       "last heartbeat.")] = 120
     cancel_grace_s: Annotated[float, Field(ge=0, description="Seconds between SIGTERM and SIGKILL "

@@ -24,6 +24,7 @@ from planner.spec import HardwareSpec
 from store.base import utcnow
 from store.models import Gpu, GpuLease, Job
 from store.states import JobStatus
+from worker.hostclock import box_host_clock_factor
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -222,6 +223,7 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
                         host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes,
                         nvme_path=str(settings.nvme_path) if settings.nvme_path else None,
                         step_time_factor=learned_step_time_factor(session),
+                        host_clock_factor=box_host_clock_factor(settings, lambda: bool(_nvml_inventory())),
                         nvme_unavailable=nvme_unavailable(settings))
 
 

@@ -147,3 +147,47 @@ def test_box_with_nvme_says_whether_deepspeeds_async_io_op_builds_here(db_url, s
         assert "async I/O" in hw.nvme_unavailable
     with session_scope(db_url) as s:  # no NVMe configured: nothing to check
         assert gpus.box_hardware(s, settings.model_copy(update={"nvme_bytes": 0})).nvme_unavailable is None
+
+
+def test_box_host_clock_factor_comes_from_the_settings_or_a_probe_of_a_gpu_host(db_url, settings,
+                                                                                monkeypatch):
+    from planner import constants as C
+    from worker import hostclock
+
+    monkeypatch.setattr(hostclock, "_measured", {})
+    probed: list[str] = []
+
+    def child(device: str) -> dict[str, float]:
+        probed.append(device)
+        return {"hooked_module_us": 2 * C.HOST_HOOK_REFERENCE_US}
+
+    monkeypatch.setattr(hostclock, "_probe_in_child", child)
+    with session_scope(db_url) as s:  # CPU stand-ins: the constants' host, nothing probed
+        assert gpus.box_hardware(s, settings).host_clock_factor is None
+    assert probed == []
+    with session_scope(db_url) as s:  # the settings' figure wins
+        hw = gpus.box_hardware(s, settings.model_copy(update={"host_clock_factor": 1.7}))
+    assert hw.host_clock_factor == 1.7
+    # a host whose NVML sees GPUs: probed once, in a child, on CUDA; the figure is kept
+    monkeypatch.setattr(hostclock, "_measured", {})
+    assert hostclock.box_host_clock_factor(settings, lambda: True) == 2.0
+    assert hostclock.box_host_clock_factor(settings, lambda: True) == 2.0
+    assert probed == ["cuda"]
+    monkeypatch.setattr(hostclock, "_measured", {})
+    unprobed = settings.model_copy(update={"host_probe": False})
+    assert hostclock.box_host_clock_factor(unprobed, lambda: True) is None
+
+
+def test_host_probe_runs_in_its_own_process_and_reports_microseconds():
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "worker.hostclock", "--device", "cpu"], capture_output=True,
+                          text=True, timeout=300, check=True)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["device"] == "cpu"
+    for key in ("python_loop_1000_us", "tensor_op_us", "hooked_module_us"):
+        assert 0 < figures[key] < 100_000, key
+    # a hooked module call is a tensor op plus Python around it
+    assert figures["hooked_module_us"] > figures["tensor_op_us"]
