@@ -717,7 +717,7 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         "## Cross-validation of the step-time fit",
         "A micro-step is the longer of the GPU clock (FLOPs / (rate x MFU)) and the host clock "
         "(per-layer costs, ZeRO-3's per-module hook costs, a gathered module's collective latency "
-        "over several GPUs); "
+        "over several GPUs, times the host-clock factor where the run probed its host); "
         "the optimizer step adds per-parameter GPU or CPU time and the PCIe/NVLink bytes "
         "(planner/speed.py). Eight constants are fitted; each record is predicted by constants fitted "
         "on all records, by constants fitted without it, and by constants fitted without its results "
