@@ -556,6 +556,21 @@ def _heldout11() -> list[Case]:
     ]
 
 
+def _heldout12() -> list[Case]:
+    """Unseen configurations, small enough for the end of a device session, for the planner with
+    the host-clock factor: LoRA with ZeRO-3 parameter offload (the step-time shape the plan misses
+    most), LoRA under ZeRO-3 on two GPUs over a 256k vocabulary, ZeRO-0 LoRA, ZeRO-1 and ZeRO-2
+    full fine-tuning."""
+    h = "heldout12"
+    return [
+        make_case("qwen2.5-1.5b", "lora", 3, "opt+param", True, 2048, 2, 1, gpus=2, group=h, steps=2),
+        make_case("gemma-2-2b", "lora", 3, "none", True, 2048, 1, 1, gpus=2, group=h),
+        make_case("llama-3.2-1b", "full", 2, "none", True, 4096, 2, 1, group=h),
+        make_case("qwen2.5-3b", "lora", 0, "none", False, 2048, 4, 1, group=h),
+        make_case("phi-3-mini", "full", 1, "none", True, 1024, 1, 2, gpus=2, group=h),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -583,11 +598,13 @@ HELDOUT8_CASES: list[Case] = _heldout8()
 HELDOUT9_CASES: list[Case] = _heldout9()
 HELDOUT10_CASES: list[Case] = _heldout10()
 HELDOUT11_CASES: list[Case] = _heldout11()
+HELDOUT12_CASES: list[Case] = _heldout12()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
                                    "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES,
                                    "heldout10": HELDOUT10_CASES, "heldout11": HELDOUT11_CASES,
+                                   "heldout12": HELDOUT12_CASES,
                                    "limit": _limit_experiment()}
 
 
