@@ -154,4 +154,5 @@ CALIBRATION_RESULTS = (
     "nvidia-h200-x2-2026-11-30-heldout-10b.jsonl",
     "nvidia-h200-x2-2026-11-30-heldout-11a.jsonl",
     "nvidia-h200-x2-2026-11-30-heldout-11b.jsonl",
+    "nvidia-h200-x2-2026-11-30-heldout-12.jsonl",
 )

@@ -449,6 +449,26 @@ def test_zero3_fetches_cache_blocks_of_the_embeddings_size_and_under_full_tuning
     assert grown == pytest.approx(expected, abs=2)
 
 
+def test_zero1_step_runs_beside_the_per_parameter_gradients_it_freed() -> None:
+    def per_gpu(stage: int) -> Any:
+        resources = {"num_gpus": 2, "zero_stage": stage, "offload_optimizer": "none", "offload_param": "none"}
+        training = {"micro_batch_size": 1, "gradient_accumulation_steps": 2, "seq_len": 1024,
+                    "gradient_checkpointing": True}
+        spec = job(model={"name": "microsoft/Phi-3-mini-4k-instruct"}, method="full", resources=resources,
+                   training=training, hardware=hardware(gpus=2, host_gib=512))
+        return plan(spec).per_gpu
+
+    one, two = per_gpu(1), per_gpu(2)
+    params = 3_821_079_552  # Phi-3 mini
+    # ZeRO-1: the bf16 gradients' blocks stay reserved under the step's flat fp32 partition
+    assert one.total_bytes == one.optimizer_step_bytes + 2 * params + one.cuda_context_bytes
+    assert one.peak_phase == "optimizer_step"
+    assert one.required_bytes < one.total_bytes  # cached blocks an allocator short of memory frees
+    # ZeRO-2 keeps its gradients in its buckets and partition: no such floor
+    assert two.total_bytes == max(two.forward_backward_bytes, two.optimizer_step_bytes) + \
+        two.allocator_slack_bytes + two.cuda_context_bytes
+
+
 def test_zero2_buckets_stay_cached_with_optimizer_offload_when_the_partition_outgrows_one() -> None:
     from planner import constants as C
 
