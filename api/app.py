@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,6 +27,7 @@ from api.plans.router import router as plans_router
 from api.ratelimit import TokenBuckets
 from store.models import Job
 from tunebox.settings import Settings, get_settings
+from worker.gpus import box_host_clock
 
 TOKEN_CACHE_TTL_S = 5.0
 
@@ -56,6 +58,9 @@ def create_app(
         anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS
         state.db_slots = anyio.Semaphore(db.slots)  # made here: it belongs to the serving loop
         state.async_reads = open_async_reads(settings.resolved_database_url)  # so does this pool
+        # this box's host clock is probed in a child process, once; plans read the figure
+        threading.Thread(target=box_host_clock, args=(settings,), name="host-clock-probe",
+                         daemon=True).start()
         try:
             yield
         finally:

@@ -223,8 +223,14 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
                         host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes,
                         nvme_path=str(settings.nvme_path) if settings.nvme_path else None,
                         step_time_factor=learned_step_time_factor(session),
-                        host_clock_factor=box_host_clock_factor(settings, lambda: bool(_nvml_inventory())),
+                        host_clock_factor=box_host_clock(settings),
                         nvme_unavailable=nvme_unavailable(settings))
+
+
+def box_host_clock(settings: Settings) -> float | None:
+    """This box's ``hardware.host_clock_factor`` (worker/hostclock.py): probed once per process
+    where NVML sees GPUs; the service starts the probe when it starts, so no plan waits for it."""
+    return box_host_clock_factor(settings, lambda: bool(_nvml_inventory()))
 
 
 def nvme_unavailable(settings: Settings) -> str | None:
