@@ -9,8 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from planner import constants as C
 from tests.api.conftest import BOX, Env, job_spec
+from tests.hostclock import fake_probe
 from worker import gpus, hostclock
 
 
@@ -22,14 +22,7 @@ def test_service_probes_its_host_clock_at_start_and_plans_scale_their_host_clock
     gpu = gpus.GpuInfo(index=0, uuid="GPU-0", name="NVIDIA H200", memory_total_bytes=BOX["gpu_memory_bytes"],
                        memory_free_bytes=BOX["gpu_memory_bytes"])
     monkeypatch.setattr(gpus, "_nvml_inventory", lambda: [gpu])  # a host whose NVML sees a GPU
-    monkeypatch.setattr(hostclock, "_measured", {})
-    probed: list[str] = []
-
-    def child(device: str) -> dict[str, float]:
-        probed.append(device)
-        return {"hooked_module_us": 1.5 * C.HOST_HOOK_REFERENCE_US}
-
-    monkeypatch.setattr(hostclock, "_probe_in_child", child)
+    probed = fake_probe(monkeypatch, 1.5)
     app = create_app(pg_env.settings, enqueue=pg_env.enqueued)
     with TestClient(app) as client:
         deadline = time.monotonic() + 30

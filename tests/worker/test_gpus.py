@@ -151,17 +151,10 @@ def test_box_with_nvme_says_whether_deepspeeds_async_io_op_builds_here(db_url, s
 
 def test_box_host_clock_factor_comes_from_the_settings_or_a_probe_of_a_gpu_host(db_url, settings,
                                                                                 monkeypatch):
-    from planner import constants as C
+    from tests.hostclock import fake_probe
     from worker import hostclock
 
-    monkeypatch.setattr(hostclock, "_measured", {})
-    probed: list[str] = []
-
-    def child(device: str) -> dict[str, float]:
-        probed.append(device)
-        return {"hooked_module_us": 2 * C.HOST_HOOK_REFERENCE_US}
-
-    monkeypatch.setattr(hostclock, "_probe_in_child", child)
+    probed = fake_probe(monkeypatch, 2.0)
     with session_scope(db_url) as s:  # CPU stand-ins: the constants' host, nothing probed
         assert gpus.box_hardware(s, settings).host_clock_factor is None
     assert probed == []
