@@ -418,16 +418,25 @@ FitT = TypeVar("FitT")
 def held_out_errors(cases: Sequence[CaseT], fit: Callable[[Sequence[CaseT]], FitT],
                     error: Callable[[CaseT, FitT], float]) -> tuple[list[float], list[float]]:
     """(leave-one-out, leave-one-file-out) errors: each case predicted by ``fit`` on the others,
-    and by ``fit`` on the other results files (empty with a single file); in ``cases`` order within
-    each file."""
+    and by ``fit`` on the other results files (empty with a single file); both in ``cases`` order."""
     loo = [error(c, fit([*cases[:i], *cases[i + 1 :]])) for i, c in enumerate(cases)]
+    return loo, file_out_errors(cases, fit, error)
+
+
+def file_out_errors(cases: Sequence[CaseT], fit: Callable[[Sequence[CaseT]], FitT],
+                    error: Callable[[CaseT, FitT], float]) -> list[float]:
+    """Each case predicted by ``fit`` on the other results files, in ``cases`` order (empty with
+    a single file)."""
     sources = sorted({c.source for c in cases})
-    by_file: list[float] = []
-    if len(sources) > 1:
-        for source in sources:
-            fitted = fit([c for c in cases if c.source != source])
-            by_file += [error(c, fitted) for c in cases if c.source == source]
-    return loo, by_file
+    if len(sources) < 2:
+        return []
+    out = [0.0] * len(cases)
+    for source in sources:
+        fitted = fit([c for c in cases if c.source != source])
+        for i, c in enumerate(cases):
+            if c.source == source:
+                out[i] = error(c, fitted)
+    return out
 
 
 def cross_validation(rows: Sequence[Row]) -> list[str]:
@@ -587,7 +596,7 @@ def speed_cross_validation(rows: Sequence[Row]) -> list[str]:
             f"{sum(abs(e) <= 0.25 for e in learned)} of {len(learned)}, against "
             f"{sum(abs(e) <= 0.25 for e in plain)} without the factor ({_stats(plain)})"
         )
-    probed = _host_clock_comparison(cases)
+    probed = _host_clock_comparison(cases, by_file)
     if probed:
         lines.append(probed)
     worst = sorted(zip(loo, cases, strict=True), key=lambda ec: -abs(ec[0]))[:4]
@@ -597,26 +606,15 @@ def speed_cross_validation(rows: Sequence[Row]) -> list[str]:
     return lines
 
 
-def _file_out_errors(cases: Sequence[SpeedCase]) -> list[float]:
-    """Each case's step-time error under constants fitted without its results file, in ``cases`` order."""
-    out = [0.0] * len(cases)
-    for source in sorted({c.source for c in cases}):
-        fitted = fit_speed([c for c in cases if c.source != source])
-        for i, c in enumerate(cases):
-            if c.source == source:
-                out[i] = _speed_error(c, fitted)
-    return out
-
-
-def _host_clock_comparison(cases: Sequence[SpeedCase]) -> str | None:
+def _host_clock_comparison(cases: Sequence[SpeedCase], with_factor: Sequence[float]) -> str | None:
     """Leave-one-file-out step-time errors of the records whose run probed its host, with the
-    host-clock factor (hardware.host_clock_factor) and with every record taken as the calibration
-    host."""
+    host-clock factor (hardware.host_clock_factor: ``with_factor``, the cases' own leave-one-file-out
+    errors) and with every record taken as the calibration host."""
     probed = [i for i, c in enumerate(cases) if c.terms.host_clock_factor != 1.0]
     if len({cases[i].source for i in probed}) < 2:
         return None
     plain = [replace(c, terms=replace(c.terms, host_clock_factor=1.0)) for c in cases]
-    with_factor, without = _file_out_errors(cases), _file_out_errors(plain)
+    without = file_out_errors(plain, fit_speed, _speed_error)
     return (
         f"- step time of the {len(probed)} records whose run probed its host, leave-one-file-out: with "
         f"the host-clock factor (hardware.host_clock_factor) {_stats([with_factor[i] for i in probed])}; "
