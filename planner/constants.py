@@ -97,6 +97,8 @@ DEFAULT_GPU_FLOPS = 790e12
 #: (``hardware.host_clock_factor``). Fitted with the constants below; the records without a probe
 #: count as taken on this host.
 HOST_HOOK_REFERENCE_US = 20.6
+#: The host-clock factors a plan accepts (hardware.host_clock_factor) and a probe may yield.
+HOST_CLOCK_FACTOR_BOUNDS = (0.05, 50.0)
 #: Model FLOPs utilisation of the matmuls (the GPU clock: FLOPs / (rate x MFU)).
 MFU = 0.48
 #: The smallest matmul dimension at which matmuls reach half of MFU. 0: on the H200 data a

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from planner.constants import HOST_CLOCK_FACTOR_BOUNDS
+
 Auto = Literal["auto"]
 AUTO: Auto = "auto"
 
@@ -146,7 +148,9 @@ class HardwareSpec(_Strict):
     #: hooks) relative to the host the step-time constants describe: a module call through two
     #: Python hooks timed on this box over HOST_HOOK_REFERENCE_US (planner.host_clock_factor).
     #: Multiplies the host clock of a micro-step. The service fills it in for its own box.
-    host_clock_factor: Annotated[float, Field(ge=0.05, le=50)] | None = None
+    host_clock_factor: Annotated[
+        float, Field(ge=HOST_CLOCK_FACTOR_BOUNDS[0], le=HOST_CLOCK_FACTOR_BOUNDS[1])
+    ] | None = None
     #: Why NVMe offload cannot run on this box (DeepSpeed's async I/O op does not build); a spec
     #: that asks for NVMe offload is then refused with this reason. The service fills it in.
     nvme_unavailable: Annotated[str, Field(min_length=1, max_length=1000)] | None = None

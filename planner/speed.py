@@ -56,7 +56,8 @@ def host_clock_factor(hooked_module_us: float) -> float:
     training device: what ZeRO-3 and transformers add to every module of every pass."""
     if hooked_module_us <= 0:
         raise ValueError("hooked_module_us must be positive")
-    return round(min(50.0, max(0.05, hooked_module_us / C.HOST_HOOK_REFERENCE_US)), 4)
+    low, high = C.HOST_CLOCK_FACTOR_BOUNDS
+    return round(min(high, max(low, hooked_module_us / C.HOST_HOOK_REFERENCE_US)), 4)
 
 
 @dataclass(frozen=True, slots=True)

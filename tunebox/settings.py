@@ -15,6 +15,8 @@ from typing import Annotated
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from planner.constants import HOST_CLOCK_FACTOR_BOUNDS
+
 
 def _default_data_dir() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "tunebox"
@@ -68,9 +70,10 @@ class Settings(BaseSettings):
     nvme_bytes: Annotated[int, Field(ge=0, description="NVMe space for offload; 0 turns NVMe "
                                      "offload off.")] = 0
     nvme_path: Annotated[Path | None, Field(description="Folder for NVMe offload swap files.")] = None
-    host_clock_factor: Annotated[float | None, Field(ge=0.05, le=50, description="This host's clock "
-                                                     "over the planner's calibration host's; default: "
-                                                     "probed on a box with NVIDIA GPUs.")] = None
+    host_clock_factor: Annotated[float | None, Field(
+        ge=HOST_CLOCK_FACTOR_BOUNDS[0], le=HOST_CLOCK_FACTOR_BOUNDS[1],
+        description="This host's clock over the planner's calibration host's; default: probed on a box "
+                    "with NVIDIA GPUs.")] = None
     host_probe: Annotated[bool, Field(description="Probe this host's clock (a child process, once) "
                                       "when the settings give no host_clock_factor.")] = True
     lease_ttl_s: Annotated[int, Field(ge=5, description="A GPU lease expires this long after its "

@@ -229,7 +229,8 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
 
 def box_host_clock(settings: Settings) -> float | None:
     """This box's ``hardware.host_clock_factor`` (worker/hostclock.py): probed once per process
-    where NVML sees GPUs; the service starts the probe when it starts, so no plan waits for it."""
+    where NVML sees GPUs. The service starts the probe when it starts; a plan that arrives while
+    it runs waits for its figure."""
     return box_host_clock_factor(settings, lambda: bool(_nvml_inventory()))
 
 
