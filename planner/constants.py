@@ -38,7 +38,8 @@ NCCL_BYTES_PER_GPU = int(0.47 * GIB)
 #: copies live on the host. The two fetch terms are there only where ZeRO-3 fetches parameters into
 #: fresh buffers (several GPUs, or parameter offload). Every decoder layer's gathered weights have
 #: the same shapes, so their buffers reuse each other's blocks; the embedding's and the LM head's
-#: do not: an allocator trace of Llama 3.1 8B LoRA with parameter offload on two GPUs holds five
+#: do not: an allocator trace of Llama 3.1 8B LoRA with parameter offload on two H200s
+#: (``bench/measure.py --alloc-trace none``, bench/results/alloc-trace/) holds five
 #: segments of its embedding's size (0.98 GiB) against Mistral 7B's 0.25 GiB ones, and the records
 #: of the two cache 5.7 and 1.5 GiB above their allocated peaks. Under full fine-tuning the other
 #: all-gather outputs interleave with the gradients' reduce-scatter and leave blocks of their own

@@ -571,8 +571,8 @@ def _zero1_freed_gradients(facts: ModelFacts, s: Setup, w: int) -> float:
     """ZeRO-1 keeps each parameter's own .grad until the accumulation boundary, then reduces them
     through its buckets and frees them before its step: the step's flat fp32 partition cannot
     reuse those per-parameter blocks, so they stay reserved beside it (Phi-3 mini, ZeRO-1 with
-    accumulation 2 on two GPUs: reserved 50.70 GiB at a 42.78 GiB step, the bf16 gradients
-    7.12 GiB)."""
+    accumulation 2 on two H200s, ``python3 -m bench.measure --matrix heldout12``: reserved
+    50.70 GiB at a 42.78 GiB step, the bf16 gradients 7.12 GiB)."""
     if s.zero_stage != 1 or s.offload_optimizer != "none":
         return 0.0
     return float(w * facts.trainable_parameters)
