@@ -75,9 +75,19 @@ def load_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return records
 
 
+def host_probe_us(rec: dict[str, Any]) -> float | None:
+    """The record's hooked-module time: the mean of the probes its rank 0 ran beside its own
+    training (``measured.host_probes``), else its run's one probe (``env.host_probe``)."""
+    own = [p["hooked_module_us"] for p in (rec.get("measured") or {}).get("host_probes") or []
+           if p and p.get("hooked_module_us")]
+    if own:
+        return float(statistics.fmean(own))
+    hooked = ((rec.get("env") or {}).get("host_probe") or {}).get("hooked_module_us")
+    return float(hooked) if hooked else None
+
+
 def _with_host_clock(rec: dict[str, Any]) -> dict[str, Any]:
-    probe = (rec.get("env") or {}).get("host_probe") or {}
-    hooked = probe.get("hooked_module_us")
+    hooked = host_probe_us(rec)
     spec = rec.get("spec")
     if not hooked or not isinstance(spec, dict):
         return rec

@@ -571,6 +571,39 @@ def _heldout12() -> list[Case]:
     ]
 
 
+def _heldout13() -> list[Case]:
+    """Unseen configurations where the planner has erred most: full fine-tuning with optimizer
+    offload of a 152k-vocabulary model on two GPUs, LoRA with parameter offload of a 128k one,
+    ZeRO-1 without checkpointing on one and two GPUs, ZeRO-2 offload of a 7B model on two GPUs,
+    Qwen2.5-14B LoRA with optimizer offload, ZeRO-0 LoRA at 8k tokens per micro-batch."""
+    h = "heldout13"
+    return [
+        make_case("qwen2.5-7b", "full", 3, "opt", True, 2048, 2, 1, gpus=2, group=h, steps=2),
+        make_case("llama-3.1-8b", "lora", 3, "opt+param", True, 4096, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-1.5b", "full", 1, "none", False, 2048, 1, 2, gpus=2, group=h),
+        make_case("llama-3.2-3b", "full", 1, "none", False, 1024, 1, 1, group=h),
+        make_case("mistral-7b-v0.3", "full", 2, "opt", True, 1024, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-14b", "lora", 3, "opt", True, 2048, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-7b", "lora", 0, "none", True, 4096, 2, 1, group=h),
+        make_case("gemma-2-2b", "full", 1, "opt", False, 1024, 2, 1, group=h, steps=2),
+    ]
+
+
+def _repeats() -> list[Case]:
+    """Configurations measured before, run again (twice in one device session) to show how far
+    the same configuration's peak and step time move between runs and between sessions: the
+    under-estimate ZeRO-1 and ZeRO-3 shapes that bind the slack fit, the most over-estimated
+    small job, the step time missed most, and a shape measured in two earlier sessions."""
+    r = "repeat"
+    return [
+        make_case("qwen2.5-3b", "full", 1, "none", False, 1024, 2, 2, gpus=2, group=r),
+        make_case("mistral-7b-v0.1", "full", 3, "none", True, 2048, 1, 1, gpus=2, group=r, steps=2),
+        make_case("qwen2.5-7b", "lora", 3, "opt+param", True, 2048, 1, 1, gpus=2, group=r, steps=2),
+        make_case("qwen2.5-1.5b", "full", 3, "none", True, 2048, 2, 2, gpus=2, group=r),
+        make_case("qwen2.5-0.5b", "full", 0, "none", False, 512, 4, 1, group=r),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -599,12 +632,15 @@ HELDOUT9_CASES: list[Case] = _heldout9()
 HELDOUT10_CASES: list[Case] = _heldout10()
 HELDOUT11_CASES: list[Case] = _heldout11()
 HELDOUT12_CASES: list[Case] = _heldout12()
+HELDOUT13_CASES: list[Case] = _heldout13()
+REPEAT_CASES: list[Case] = _repeats()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
                                    "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES,
                                    "heldout10": HELDOUT10_CASES, "heldout11": HELDOUT11_CASES,
-                                   "heldout12": HELDOUT12_CASES,
+                                   "heldout12": HELDOUT12_CASES, "heldout13": HELDOUT13_CASES,
+                                   "repeat": REPEAT_CASES,
                                    "limit": _limit_experiment()}
 
 

@@ -408,6 +408,8 @@ def _merge_measured(results: list[dict[str, Any] | None], sampler: Sampler,
         "loss": rank0.get("loss"),
         "partitioned_at_init": rank0.get("partitioned_at_init"),
         "host_phases": [r.get("host_phases") or {} for r in sorted(got, key=lambda r: r.get("rank", 0))],
+        # rank 0's host probe before and after the measured steps (env.host_probe is the run's, once)
+        "host_probes": rank0.get("host_probes") or None,
         "allocator_retries": mx("allocator_retries"),
         # torch's allocated peak of each warm-up micro-step and each measured optimizer step, on
         # the busiest rank: a first step that peaks above the rest shows here
@@ -972,8 +974,22 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
         micro_step()
         warmup_peaks.append(peaks.since_reset())
     host["after_warmup"] = _host_now(torch, cuda)
+    probes = result["host_probes"]
+    probes.append(_case_probe(device))
     result["step_seconds"] = _measure(job, engine, micro_step, peaks, phases, cuda, torch, result)
+    probes.append(_case_probe(device))
     host["after_measure"] = _host_now(torch, cuda)
+
+
+def _case_probe(device: Any) -> dict[str, Any] | None:
+    """The host probe (``worker.hostclock.probe``) in this rank, beside its training: every rank
+    runs it at the same point, so it reads the host as the step sees it, other ranks included."""
+    from worker.hostclock import probe
+
+    try:
+        return probe(device.type, repeats=3)
+    except Exception:  # a probe that fails leaves the record without one, not the run failed
+        return None
 
 
 def _host_now(torch: Any, cuda: bool) -> dict[str, int | None]:
@@ -1035,6 +1051,7 @@ def _is_oom(exc: BaseException) -> bool:
 def child_main(case_file: Path, rank: int, result_path: Path) -> int:
     job = json.loads(case_file.read_text())
     result: dict[str, Any] = {"rank": rank, "status": "error", "error": None, "host_phases": {},
+                              "host_probes": [],
                               "phase_peaks": {"after_init_allocated": None,
                                               "forward_backward_allocated_peak": None,
                                               "optimizer_step_allocated_peak": None},

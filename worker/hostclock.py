@@ -41,7 +41,9 @@ def probe(device_name: str, repeats: int = 5) -> dict[str, Any]:
     and a ``Linear(64, 64)`` call through two Python hooks, in microseconds."""
     import torch
 
-    device = torch.device("cuda", 0) if device_name == "cuda" else torch.device("cpu")
+    # the current device: a training rank probes on its own GPU, never creating a context on another
+    cuda = device_name == "cuda"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
     def sync() -> None:
         if device.type == "cuda":

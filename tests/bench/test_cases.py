@@ -19,9 +19,11 @@ from bench.cases import (
     HELDOUT10_CASES,
     HELDOUT11_CASES,
     HELDOUT12_CASES,
+    HELDOUT13_CASES,
     HELDOUT_CASES,
     MATRICES,
     MODELS,
+    REPEAT_CASES,
     Case,
     make_case,
     param_count,
@@ -134,7 +136,8 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
         "main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES, "heldout4": HELDOUT4_CASES,
         "heldout5": HELDOUT5_CASES, "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
         "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES, "heldout10": HELDOUT10_CASES,
-        "heldout11": HELDOUT11_CASES, "heldout12": HELDOUT12_CASES}
+        "heldout11": HELDOUT11_CASES, "heldout12": HELDOUT12_CASES, "heldout13": HELDOUT13_CASES,
+        "repeat": REPEAT_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
     families = {c.spec["model"]["config"]["model_type"] for c in HELDOUT_CASES}
@@ -149,7 +152,7 @@ def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
     seen = {c.name for c in CASES} | {c.name for c in HELDOUT_CASES}
     for later in (HELDOUT3_CASES, HELDOUT4_CASES, HELDOUT5_CASES, HELDOUT6_CASES, HELDOUT7_CASES,
                   HELDOUT8_CASES, HELDOUT9_CASES, HELDOUT10_CASES, HELDOUT11_CASES,
-                  HELDOUT12_CASES):
+                  HELDOUT12_CASES, HELDOUT13_CASES):
         names = [c.name for c in later]
         assert len(set(names)) == len(names) and not seen & set(names)
         seen |= set(names)
@@ -166,7 +169,8 @@ def test_the_tenth_heldout_matrix_brings_models_no_earlier_matrix_ran() -> None:
         return {c.name.split("|")[0] for c in cases}
 
     earlier = set().union(*(models(cases) for name, cases in MATRICES.items()
-                            if name not in ("heldout10", "heldout11", "heldout12")))
+                            if name not in ("heldout10", "heldout11", "heldout12", "heldout13",
+                                            "repeat")))
     new = models(HELDOUT10_CASES) - earlier
     assert new == {"gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1"}
     assert new <= set(MODELS)
@@ -177,3 +181,12 @@ def test_the_limit_experiment_reruns_measured_configurations() -> None:
     measured = {c.name for m in ("main", "heldout", "heldout3", "heldout4") for c in MATRICES[m]}
     names = [c.name for c in MATRICES["limit"]]
     assert names and len(set(names)) == len(names) and set(names) <= measured
+
+
+def test_the_repeat_matrix_runs_measured_configurations_again() -> None:
+    """The repeats are configurations earlier matrices measured, each planned to fit."""
+    measured = {c.name for name, cases in MATRICES.items() if name not in ("repeat", "limit") for c in cases}
+    names = [c.name for c in REPEAT_CASES]
+    assert len(set(names)) == len(names) == 5 and set(names) <= measured
+    for c in REPEAT_CASES:
+        assert planner.plan(c.spec).fits, c.name

@@ -89,6 +89,11 @@ def test_tiny_case_records_ok_with_host_figures(run: dict[str, Any]) -> None:
     assert len(steps["warmup_micro_steps"]) == 4 and len(steps["measured_steps"]) == 2
     assert all(v is None for v in steps["warmup_micro_steps"] + steps["measured_steps"])
     assert rec["wall_seconds"] > 0
+    # the host probe of rank 0 beside its training, before and after the measured steps
+    before, after = m["host_probes"]
+    for probe in (before, after):
+        assert probe["device"] == "cpu"
+        assert probe["hooked_module_us"] > probe["tensor_op_us"] > 0
 
 
 def test_record_carries_spec_config_and_env(run: dict[str, Any]) -> None:
