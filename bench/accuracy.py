@@ -678,6 +678,45 @@ def _summary_lines(stats: dict[str, list[float]]) -> list[str]:
     ]
 
 
+def _spread(values: Sequence[float]) -> float:
+    return max(values) / min(values) - 1
+
+
+def repeats(rows: Sequence[Row]) -> list[str]:
+    """The configurations measured more than once: each run's NVML peak, step time and host probe,
+    and how far apart the runs of one configuration are (largest over smallest, minus one): what
+    no estimator of a single figure per configuration can be closer than."""
+    runs: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.status == "ok" and row.measured("nvml_peak_bytes") and row.measured("step_seconds"):
+            runs.setdefault(row.case, []).append(row)
+    repeated = {case: rs for case, rs in runs.items() if len(rs) > 1}
+    if not repeated:
+        return ["- no configuration was measured more than once"]
+    lines = ["| case | runs | NVML peak GiB | spread | step s | spread | host probe µs |",
+             "|---|---|---|---|---|---|---|"]
+    peak_spreads, step_spreads = [], []
+    for case, rs in sorted(repeated.items()):
+        peaks = [r.measured("nvml_peak_bytes") or 0.0 for r in rs]
+        steps = [r.measured("step_seconds") or 0.0 for r in rs]
+        probes = [host_probe_us(r.record) for r in rs]
+        peak_spreads.append(_spread(peaks))
+        step_spreads.append(_spread(steps))
+        lines.append(
+            f"| {case} | {', '.join(r.source for r in rs)} | "
+            f"{', '.join(_gib(v) for v in peaks)} | {peak_spreads[-1] * 100:.1f}% | "
+            f"{', '.join(_secs(v) for v in steps)} | {step_spreads[-1] * 100:.1f}% | "
+            f"{', '.join('-' if v is None else f'{v:.1f}' for v in probes)} |"
+        )
+    return [
+        f"- {len(repeated)} configurations measured more than once: NVML peak spread median "
+        f"{statistics.median(peak_spreads) * 100:.1f}%, largest {max(peak_spreads) * 100:.1f}%; step time "
+        f"spread median {statistics.median(step_spreads) * 100:.1f}%, largest {max(step_spreads) * 100:.1f}%",
+        "",
+        *lines,
+    ]
+
+
 def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
     stats = summary(rows)
     oom = [r for r in rows if r.status == "oom"]
@@ -731,6 +770,9 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         "on all records, by constants fitted without it, and by constants fitted without its results "
         "file:",
         *speed_cross_validation(rows),
+        "",
+        "## Repeated configurations",
+        *repeats(rows),
         "",
         "## Calibration of the named constants",
         *calibration(rows),

@@ -83,3 +83,18 @@ def test_a_records_own_host_probes_set_its_host_clock_before_its_runs_probe() ->
     # a failed probe (None) beside the training falls back to the run's
     failed = {**run, "measured": {**run["measured"], "host_probes": [None, None]}}
     assert accuracy.host_probe_us(failed) == 41.2
+
+
+def test_repeats_report_how_far_runs_of_one_configuration_are_apart() -> None:
+    accuracy = _accuracy()
+    first = next(r for r in accuracy.load_records([FIXTURE]) if r["status"] == "ok")
+    m = first["measured"]
+    measured = {**m, "nvml_peak_bytes": m["nvml_peak_bytes"] * 1.1, "step_seconds": m["step_seconds"] * 1.5}
+    again = {**first, "_source": "again.jsonl", "measured": measured}
+    alone = accuracy.repeats(accuracy.plan_records([first]))
+    assert alone == ["- no configuration was measured more than once"]
+    lines = accuracy.repeats(accuracy.plan_records([first, again]))
+    assert lines[0] == ("- 1 configurations measured more than once: NVML peak spread median 10.0%, largest "
+                        "10.0%; step time spread median 50.0%, largest 50.0%")
+    (row,) = [line for line in lines if line.startswith(f"| {first['case']} |")]
+    assert "again.jsonl" in row and "| 10.0% |" in row and "| 50.0% |" in row
