@@ -71,17 +71,26 @@ def load_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 rec = {**json.loads(line), "_source": path.name}
-                records.append(_with_host_clock(rec))
+                records.append(_with_host_clock(with_attention(rec)))
     return records
 
 
+def with_attention(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record's spec naming the attention its run used (``measured.attn_implementation``);
+    records without that figure come from a harness that asked for SDPA, which transformers 5.17
+    gave every model, Gemma 2 included."""
+    spec = rec.get("spec")
+    if not isinstance(spec, dict) or (spec.get("training") or {}).get("attn_implementation"):
+        return rec
+    used = (rec.get("measured") or {}).get("attn_implementation") or "sdpa"
+    return {**rec, "spec": {**spec, "training": {**spec.get("training", {}), "attn_implementation": used}}}
+
+
 def host_probe_us(rec: dict[str, Any]) -> float | None:
-    """The record's hooked-module time: the mean of the probes its rank 0 ran beside its own
-    training (``measured.host_probes``), else its run's one probe (``env.host_probe``)."""
-    own = [p["hooked_module_us"] for p in (rec.get("measured") or {}).get("host_probes") or []
-           if p and p.get("hooked_module_us")]
-    if own:
-        return float(statistics.fmean(own))
+    """The hooked-module time of the record's run (``env.host_probe``, a child of its own before
+    the cases). The probes some records' rank 0 ran beside its training (``measured.host_probes``)
+    are not a host figure: under ZeRO-3 and optimizer offload they read 38-74 us against the run's
+    15-24 (DeepSpeed's module patches and the CPU optimizer's threads), plain ZeRO-0/1 17-20."""
     hooked = ((rec.get("env") or {}).get("host_probe") or {}).get("hooked_module_us")
     return float(hooked) if hooked else None
 

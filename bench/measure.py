@@ -407,9 +407,8 @@ def _merge_measured(results: list[dict[str, Any] | None], sampler: Sampler,
         "trainable_param_count": rank0.get("trainable_param_count"),
         "loss": rank0.get("loss"),
         "partitioned_at_init": rank0.get("partitioned_at_init"),
+        "attn_implementation": rank0.get("attn_implementation"),
         "host_phases": [r.get("host_phases") or {} for r in sorted(got, key=lambda r: r.get("rank", 0))],
-        # rank 0's host probe before and after the measured steps (env.host_probe is the run's, once)
-        "host_probes": rank0.get("host_probes") or None,
         "allocator_retries": mx("allocator_retries"),
         # torch's allocated peak of each warm-up micro-step and each measured optimizer step, on
         # the busiest rank: a first step that peaks above the rest shows here
@@ -863,18 +862,18 @@ def _build_model(spec: dict[str, Any], ds_config: dict[str, Any], device: Any, c
     config.use_cache = False
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
         spec["training"].get("precision", "bf16")]
-    attn = spec["training"].get("attn_implementation", "sdpa")
+    # as the service's trainer does: the spec's attention where it names one, else transformers' pick
+    attn = spec["training"].get("attn_implementation")
+    kwargs = {"attn_implementation": attn} if attn else {}
     if spec["resources"]["zero_stage"] == 3:
         from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
         # Partitioned at construction by zero.Init, as the service's trainer loads ZeRO-3 models.
         _KEEP_ALIVE.append(HfDeepSpeedConfig(ds_config))  # type: ignore[no-untyped-call]
-        return AutoModelForCausalLM.from_config(config, dtype=dtype,  # type: ignore[no-untyped-call]
-                                                attn_implementation=attn)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)  # type: ignore[no-untyped-call]
     ctx = torch.device(device) if cuda else contextlib.nullcontext()
     with ctx:  # random init straight on the GPU; on the CPU it is slow
-        return AutoModelForCausalLM.from_config(config, dtype=dtype,  # type: ignore[no-untyped-call]
-                                                attn_implementation=attn)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)  # type: ignore[no-untyped-call]
 
 
 def _prepare(model: Any, spec: dict[str, Any]) -> Any:
@@ -933,6 +932,7 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     model = _prepare(_build_model(spec, ds_config, device, cuda), spec)
     host["after_model"] = _host_now(torch, cuda)
     result["param_count"], result["trainable_param_count"] = _count(model)
+    result["attn_implementation"] = getattr(getattr(model, "config", None), "_attn_implementation", None)
     result["partitioned_at_init"] = any(hasattr(p, "ds_id") for p in model.parameters())
     engine, *_ = deepspeed.initialize(model=model, config=ds_config,
                                       model_parameters=[p for p in model.parameters() if p.requires_grad])
@@ -974,22 +974,8 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
         micro_step()
         warmup_peaks.append(peaks.since_reset())
     host["after_warmup"] = _host_now(torch, cuda)
-    probes = result["host_probes"]
-    probes.append(_case_probe(device))
     result["step_seconds"] = _measure(job, engine, micro_step, peaks, phases, cuda, torch, result)
-    probes.append(_case_probe(device))
     host["after_measure"] = _host_now(torch, cuda)
-
-
-def _case_probe(device: Any) -> dict[str, Any] | None:
-    """The host probe (``worker.hostclock.probe``) in this rank, beside its training: every rank
-    runs it at the same point, so it reads the host as the step sees it, other ranks included."""
-    from worker.hostclock import probe
-
-    try:
-        return probe(device.type, repeats=3)
-    except Exception:  # a probe that fails leaves the record without one, not the run failed
-        return None
 
 
 def _host_now(torch: Any, cuda: bool) -> dict[str, int | None]:
@@ -1051,7 +1037,6 @@ def _is_oom(exc: BaseException) -> bool:
 def child_main(case_file: Path, rank: int, result_path: Path) -> int:
     job = json.loads(case_file.read_text())
     result: dict[str, Any] = {"rank": rank, "status": "error", "error": None, "host_phases": {},
-                              "host_probes": [],
                               "phase_peaks": {"after_init_allocated": None,
                                               "forward_backward_allocated_peak": None,
                                               "optimizer_step_allocated_peak": None},

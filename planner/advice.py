@@ -114,14 +114,15 @@ def warn(ctx: Context) -> list[Note]:
                 ),
             )
         )
-    if arch.model_type == "gemma2":
+    if arch.model_type == "gemma2" and s.attn_implementation == "eager":
         notes.append(
             Note(
                 code="gemma2_eager_attention",
                 field="training.attn_implementation",
                 message=(
                     "Gemma 2 trains with eager attention (its logit soft-capping has no SDPA path in "
-                    "transformers), which stores seq^2 scores per head: long sequences cost quadratically"
+                    "recent transformers), which stores seq^2 scores per head: long sequences cost "
+                    "quadratically"
                 ),
             )
         )

@@ -259,9 +259,14 @@ def _base_setup(p: Prepared) -> Setup:
     )
 
 
-def attention_for(arch: Arch, requested: str) -> str:
-    # transformers 5 refuses SDPA for Gemma 2 (its soft-capping needs eager attention).
-    return "eager" if arch.model_type == "gemma2" else requested
+def attention_for(arch: Arch, requested: str | None) -> str:
+    """The attention a job runs: the one it asks for, else what transformers picks. Recent
+    transformers (5.24) refuses SDPA for Gemma 2, whose logit soft-capping needs eager attention,
+    and picks eager; earlier ones (5.17) ran SDPA without the soft-capping, and a job that asks
+    for SDPA gets it there."""
+    if requested is not None:
+        return requested
+    return "eager" if arch.model_type == "gemma2" else "sdpa"
 
 
 def _choose(p: Prepared, base: Setup) -> tuple[Candidate, list[Candidate], bool]:

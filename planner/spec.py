@@ -116,7 +116,8 @@ class TrainingSpec(_Strict):
     precision: Precision = Precision.BF16
     optimizer: Optimizer = Optimizer.ADAMW
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    #: None: what transformers picks for the model (SDPA, or eager where it has no SDPA path)
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
     save_steps: Annotated[int, Field(ge=1, le=10_000_000)] = 200
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 42
 

@@ -77,6 +77,7 @@ def test_tiny_case_records_ok_with_host_figures(run: dict[str, Any]) -> None:
     assert m["tokens_per_second"] == pytest.approx(2 * 32 * 2 / m["step_seconds"])
     assert len(m["step_seconds_all"]) == 2
     assert m["partitioned_at_init"] is True  # built under zero.Init, as the ZeRO-3 trainer does
+    assert m["attn_implementation"] == "sdpa"  # the spec names none: transformers' pick for llama
     assert m["param_count"] > 0 and m["trainable_param_count"] == m["param_count"]
     assert 3.0 < m["loss"] < 9.0  # ~ln(512) for random tokens on a random model
     for key in ("nvml_peak_bytes", "nvml_device_peak_bytes", "torch_max_allocated_bytes",
@@ -89,11 +90,6 @@ def test_tiny_case_records_ok_with_host_figures(run: dict[str, Any]) -> None:
     assert len(steps["warmup_micro_steps"]) == 4 and len(steps["measured_steps"]) == 2
     assert all(v is None for v in steps["warmup_micro_steps"] + steps["measured_steps"])
     assert rec["wall_seconds"] > 0
-    # the host probe of rank 0 beside its training, before and after the measured steps
-    before, after = m["host_probes"]
-    for probe in (before, after):
-        assert probe["device"] == "cpu"
-        assert probe["hooked_module_us"] > probe["tensor_op_us"] > 0
 
 
 def test_record_carries_spec_config_and_env(run: dict[str, Any]) -> None:

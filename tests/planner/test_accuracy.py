@@ -65,24 +65,19 @@ def test_slack_fit_keeps_what_initialisation_reserves_as_a_floor() -> None:
     assert floored.error(*fitted) == 0.0
 
 
-def test_a_records_own_host_probes_set_its_host_clock_before_its_runs_probe() -> None:
-    """The host-clock factor of a record: the mean of the probes beside its own training where it
-    has them, else the run's probe, else none."""
+def test_a_records_host_clock_comes_from_its_runs_probe() -> None:
+    """The host-clock factor of a record is its run's probe (a child before the cases); the
+    probes beside its own training some records carry do not count."""
     accuracy = _accuracy()
     record = accuracy.load_records([FIXTURE])[0]
     run = {**record, "env": {**record["env"], "host_probe": {"hooked_module_us": 41.2}}}
-    own = {**run, "measured": {**run["measured"],
-                               "host_probes": [{"hooked_module_us": 61.8}, {"hooked_module_us": 103.0}]}}
+    beside = {**run, "measured": {**run["measured"],
+                                  "host_probes": [{"hooked_module_us": 61.8}, {"hooked_module_us": 103.0}]}}
     assert accuracy.host_probe_us(record) is None
-    assert accuracy.host_probe_us(run) == 41.2
-    assert accuracy.host_probe_us(own) == 82.4
-    assert accuracy.host_probe_us({**own, "env": {}}) == 82.4
+    assert accuracy.host_probe_us(run) == accuracy.host_probe_us(beside) == 41.2
     factors = [accuracy._with_host_clock(r)["spec"].get("hardware", {}).get("host_clock_factor")
-               for r in (record, run, own)]
-    assert factors == [None, 2.0, 4.0]
-    # a failed probe (None) beside the training falls back to the run's
-    failed = {**run, "measured": {**run["measured"], "host_probes": [None, None]}}
-    assert accuracy.host_probe_us(failed) == 41.2
+               for r in (record, run, beside)]
+    assert factors == [None, 2.0, 2.0]
 
 
 def test_repeats_report_how_far_runs_of_one_configuration_are_apart() -> None:

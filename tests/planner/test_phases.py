@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bench.accuracy import with_attention
 from planner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,8 +42,9 @@ KNOWN_ALLOCATED_MISSES = {
 
 
 def _records(*paths: Path) -> list[dict[str, Any]]:
+    """The records, each spec naming the attention its run used (``bench.accuracy.with_attention``)."""
     lines = [line for path in paths or (RESULTS,) for line in path.read_text().splitlines()]
-    return [json.loads(line) for line in lines if line.strip()]
+    return [with_attention(json.loads(line)) for line in lines if line.strip()]
 
 
 def _ran(*paths: Path) -> list[dict[str, Any]]:

@@ -275,6 +275,24 @@ def test_warnings_for_context_precision_and_eval() -> None:
     assert "fp32_weights" in {n.code for n in plan(fp32).warnings}
 
 
+def test_attention_is_what_the_job_asks_for_else_what_transformers_picks() -> None:
+    """Gemma 2 without an explicit attention plans eager attention (transformers 5.24 refuses
+    SDPA for it) and says so; a job that asks for SDPA plans SDPA, without the seq^2 scores."""
+    def gemma(**training: Any) -> Plan:
+        return plan(job(model={"config": TINY_CONFIGS["gemma2"]},
+                        training={"micro_batch_size": 2, "seq_len": 1024, "gradient_checkpointing": False,
+                                  **training}))
+
+    default, sdpa = gemma(), gemma(attn_implementation="sdpa")
+    assert default.resolved.attn_implementation == "eager" and sdpa.resolved.attn_implementation == "sdpa"
+    assert default.per_gpu.activations_bytes > sdpa.per_gpu.activations_bytes
+    assert "gemma2_eager_attention" in {n.code for n in default.warnings}
+    assert "gemma2_eager_attention" not in {n.code for n in sdpa.warnings}
+    assert plan(job()).resolved.attn_implementation == "sdpa"
+    assert plan(job(training={"attn_implementation": "eager"})).resolved.attn_implementation == "eager"
+    assert JobSpec.model_validate(job()).training.attn_implementation is None
+
+
 def test_eval_section_counts_the_kv_cache() -> None:
     short = plan(job(eval={"max_new_tokens": 64, "batch_size": 1})).eval
     long = plan(job(eval={"max_new_tokens": 4096, "batch_size": 8})).eval

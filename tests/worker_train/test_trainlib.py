@@ -229,3 +229,18 @@ def test_an_oom_under_the_limit_names_the_plan_it_was_held_to(tmp_path: Path) ->
                                  is_rank0=True)
     train._fail(tmp_path, exc, free)  # type: ignore[arg-type]
     assert "held to" not in json.loads((tmp_path / "failure.json").read_text())["message"]
+
+
+def test_attention_is_passed_to_transformers_only_when_the_job_names_one() -> None:
+    """A job that names no attention loads with transformers' pick (Gemma 2: eager in recent
+    transformers, which refuse SDPA for it); one that names it gets it."""
+    from planner.spec import JobSpec
+    from worker._trainlib.modeling import attention_kwargs
+
+    def spec(**training: object) -> JobSpec:
+        return JobSpec.model_validate({"model": {"path": "/models/x"}, "dataset": {"path": "/data/x.jsonl"},
+                                       "training": training})
+
+    assert attention_kwargs(spec()) == {}
+    assert attention_kwargs(spec(attn_implementation="eager")) == {"attn_implementation": "eager"}
+    assert attention_kwargs(spec(attn_implementation="sdpa")) == {"attn_implementation": "sdpa"}
