@@ -36,28 +36,30 @@ NCCL_BYTES_PER_GPU = int(0.47 * GIB)
 #: allocated at a different moment of the step and too large for any other request to reuse; it
 #: vanishes for LoRA, and has a constant of its own with the optimizer offloaded, whose step's
 #: copies live on the host. The two fetch terms are there only where ZeRO-3 fetches parameters into
-#: fresh buffers (several GPUs, or parameter offload). Every decoder layer's gathered weights have
-#: the same shapes, so their buffers reuse each other's blocks; the embedding's and the LM head's
-#: do not: an allocator trace of Llama 3.1 8B LoRA with parameter offload on two H200s
-#: (``bench/measure.py --alloc-trace none``, bench/results/alloc-trace/) holds five
-#: segments of its embedding's size (0.98 GiB) against Mistral 7B's 0.25 GiB ones, and the records
-#: of the two cache 5.7 and 1.5 GiB above their allocated peaks. Under full fine-tuning the other
-#: all-gather outputs interleave with the gradients' reduce-scatter and leave blocks of their own
-#: (a two-GPU ZeRO-3 trace shows them as segments of their own, absent on one GPU without
-#: offload); under LoRA the fit gives that term nothing once the vocabulary term is there. The
+#: fresh buffers (several GPUs, or parameter offload), one per method. Under LoRA every decoder
+#: layer's gathered weights have the same shapes, so their buffers reuse each other's blocks; the
+#: embedding's and the LM head's do not: an allocator trace of Llama 3.1 8B LoRA with parameter
+#: offload on two H200s (``bench/measure.py --alloc-trace none``, bench/results/alloc-trace/)
+#: holds five segments of its embedding's size (0.98 GiB) against Mistral 7B's 0.25 GiB ones, and
+#: the records of the two cache 5.7 and 1.5 GiB above their allocated peaks. Under full
+#: fine-tuning the all-gather outputs interleave with the gradients' reduce-scatter and leave
+#: blocks of their own (a two-GPU ZeRO-3 trace shows them as segments of their own, absent on one
+#: GPU without offload), and the gradients' large requests reuse the embedding-sized ones: full
+#: fine-tuning of 7-9B models on two GPUs cached 6.6-9.7 GiB above the allocated peak with
+#: 128k-256k vocabularies, 7.6-7.7 GiB with 32k ones, so its term is in the gathered parameters. The
 #: ZeRO-1/2 reduce buckets are structural, not fitted, and so is what ZeRO-1/2 initialisation
 #: leaves reserved (memory.py's ``_initialization``), a floor under the peak that the slack does
-#: not add to. The six are fitted on all 96 records of bench/results by the smallest median NVML
+#: not add to. The six are fitted on all 119 records of bench/results by the smallest median NVML
 #: error with a steep penalty below -2.5%; bench/accuracy.py reports in-sample, leave-one-out and
 #: leave-one-file-out errors. These
 #: blocks are needed, not idle: held to its allocated peak plus a fifth of this slack, PyTorch's
 #: allocator ran out of memory in 6 of 7 configurations (bench/results/memory-limit/).
-ALLOCATOR_SLACK_BYTES = int(2.375 * GIB)
-ALLOCATOR_LOGITS_BLOCKS = 0.22
-ALLOCATOR_LARGEST_GRADIENT_BLOCKS = 4.17
-ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED = 3.07
-ALLOCATOR_GATHERED_BLOCKS = 0.485
-ALLOCATOR_VOCABULARY_BLOCKS = 2.98
+ALLOCATOR_SLACK_BYTES = int(1.295 * GIB)
+ALLOCATOR_LOGITS_BLOCKS = 0.353
+ALLOCATOR_LARGEST_GRADIENT_BLOCKS = 4.98
+ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED = 4.58
+ALLOCATOR_GATHERED_BLOCKS = 1.17
+ALLOCATOR_VOCABULARY_BLOCKS = 4.25
 #: Evaluation (generation, no optimizer): slack as a share of the allocated peak. Not measured:
 #: no record covers evaluation yet.
 EVAL_ALLOCATOR_SLACK_FRACTION = 0.10
@@ -158,4 +160,9 @@ CALIBRATION_RESULTS = (
     "nvidia-h200-x2-2026-11-30-heldout-11a.jsonl",
     "nvidia-h200-x2-2026-11-30-heldout-11b.jsonl",
     "nvidia-h200-x2-2026-11-30-heldout-12.jsonl",
+    "nvidia-h200-x2-2026-11-30-heldout-13a.jsonl",
+    "nvidia-h200-x2-2026-11-30-heldout-13b.jsonl",
+    "nvidia-h200-x2-2026-11-30-heldout-13c.jsonl",
+    "nvidia-h200-x2-2026-11-30-repeat-a.jsonl",
+    "nvidia-h200-x2-2026-11-30-repeat-b.jsonl",
 )

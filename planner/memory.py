@@ -653,15 +653,15 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
     """Reserved minus allocated at the reserved peak: the allocator's fixed part, the cached
     vocabulary-sized blocks of the loss, the cached gradient-sized blocks of the largest trainable
     tensor (fewer with the optimizer offloaded: its step's copies live on the host), where ZeRO-3
-    fetches parameters (several GPUs or parameter offload) the cached blocks of the gathered
-    embedding and LM head and, for full fine-tuning, of the other fetches; and ZeRO-1/2's freed
+    fetches parameters (several GPUs or parameter offload) the cached blocks of the fetches (under
+    full fine-tuning) or of the gathered embedding and LM head (under LoRA); and ZeRO-1/2's freed
     reduce buckets when the step cannot reuse them (see constants.py)."""
     arch = facts.arch
     fetched = 0.0
-    if gathered > 0:
+    if gathered > 0 and s.method == "full":
+        fetched = C.ALLOCATOR_GATHERED_BLOCKS * gathered
+    elif gathered > 0:
         fetched = C.ALLOCATOR_VOCABULARY_BLOCKS * w * arch.vocab_size * arch.hidden_size
-        if s.method == "full":
-            fetched += C.ALLOCATOR_GATHERED_BLOCKS * gathered
     largest = (
         C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED
         if s.offload_optimizer != "none"

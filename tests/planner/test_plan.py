@@ -443,9 +443,10 @@ def test_allocator_slack_grows_with_the_loss_blocks_of_a_micro_batch() -> None:
     assert grown > 1 * GIB  # 14k more tokens over a 152k vocabulary: not a rounding term
 
 
-def test_zero3_fetches_cache_blocks_of_the_embeddings_size_and_under_full_tuning_of_the_gathers() -> None:
-    """Where ZeRO-3 fetches parameters (two GPUs here) the slack gains the embedding-sized blocks
-    of the gathered embedding and LM head; full fine-tuning also the other all-gathers' blocks."""
+def test_zero3_fetches_cache_blocks_of_the_embeddings_size_under_lora_and_of_the_gathers_under_full() -> None:
+    """Where ZeRO-3 fetches parameters (two GPUs here) the slack gains, under LoRA, the
+    embedding-sized blocks of the gathered embedding and LM head; under full fine-tuning, whose
+    gradients reuse those, blocks in proportion to the gathered parameters instead."""
     from planner import constants as C
 
     def per_gpu(model: str, method: str, gpus: int) -> Any:
@@ -462,9 +463,7 @@ def test_zero3_fetches_cache_blocks_of_the_embeddings_size_and_under_full_tuning
         assert grown == pytest.approx(C.ALLOCATOR_VOCABULARY_BLOCKS * 2 * vocab * hidden, abs=2)
     one, two = per_gpu("meta-llama/Llama-3.2-1B", "full", 1), per_gpu("meta-llama/Llama-3.2-1B", "full", 2)
     grown = two.allocator_slack_bytes - one.allocator_slack_bytes
-    expected = (C.ALLOCATOR_VOCABULARY_BLOCKS * 2 * 128256 * 2048
-                + C.ALLOCATOR_GATHERED_BLOCKS * two.gathered_parameters_bytes)
-    assert grown == pytest.approx(expected, abs=2)
+    assert grown == pytest.approx(C.ALLOCATOR_GATHERED_BLOCKS * two.gathered_parameters_bytes, abs=2)
 
 
 def test_zero1_step_runs_beside_the_per_parameter_gradients_it_freed() -> None:
