@@ -589,6 +589,24 @@ def _heldout13() -> list[Case]:
     ]
 
 
+def _heldout14() -> list[Case]:
+    """Unseen configurations for the slack's per-method fetch term: full fine-tuning under ZeRO-3
+    on two GPUs over 128k and 152k vocabularies (with and without optimizer offload), LoRA under
+    ZeRO-3 on two GPUs over 256k, 152k and 32k vocabularies (with parameter or optimizer offload or
+    none), and ZeRO-2 and single-GPU ZeRO-3 full fine-tuning."""
+    h = "heldout14"
+    return [
+        make_case("llama-3.1-8b", "full", 3, "none", True, 1024, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-3b", "full", 3, "opt", True, 2048, 2, 1, gpus=2, group=h, steps=2),
+        make_case("gemma-2-2b", "lora", 3, "opt+param", True, 4096, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-7b", "lora", 3, "none", True, 4096, 2, 1, gpus=2, group=h),
+        make_case("llama-3.2-3b", "full", 3, "none", True, 1024, 2, 1, gpus=2, group=h),
+        make_case("mistral-7b-v0.3", "lora", 3, "opt", True, 4096, 1, 1, gpus=2, group=h, steps=2),
+        make_case("qwen2.5-1.5b", "full", 2, "none", True, 2048, 4, 1, group=h),
+        make_case("phi-3-mini", "full", 3, "none", True, 2048, 1, 1, group=h),
+    ]
+
+
 def _repeats() -> list[Case]:
     """Configurations measured before, run again (twice in one device session) to show how far
     the same configuration's peak and step time move between runs and between sessions: the
@@ -633,6 +651,7 @@ HELDOUT10_CASES: list[Case] = _heldout10()
 HELDOUT11_CASES: list[Case] = _heldout11()
 HELDOUT12_CASES: list[Case] = _heldout12()
 HELDOUT13_CASES: list[Case] = _heldout13()
+HELDOUT14_CASES: list[Case] = _heldout14()
 REPEAT_CASES: list[Case] = _repeats()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
@@ -640,6 +659,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES,
                                    "heldout10": HELDOUT10_CASES, "heldout11": HELDOUT11_CASES,
                                    "heldout12": HELDOUT12_CASES, "heldout13": HELDOUT13_CASES,
+                                   "heldout14": HELDOUT14_CASES,
                                    "repeat": REPEAT_CASES,
                                    "limit": _limit_experiment()}
 
