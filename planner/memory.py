@@ -361,10 +361,20 @@ def _replay_gathered(facts: ModelFacts, checkpointing: bool, precision: Precisio
 
 @lru_cache(maxsize=1024)
 def _offloaded_params(facts: ModelFacts, n: int, pin: bool, thr: int) -> float:
-    """Host bytes of ZeRO-3's CPU parameter partitions, all ranks (the same for every micro-batch)."""
-    return n * sum(
+    """Host bytes of ZeRO-3's CPU parameter partitions, all ranks (the same for every micro-batch).
+    With tied embeddings, ``zero.Init`` partitions the LM head's own weight as the model is built,
+    before transformers ties it to the embedding: its pinned block stays in torch's pinned-memory
+    cache (on the H200 records, every tied model's pinned bytes after building exceed the
+    partitions by exactly one embedding-sized block per rank, untied ones by nothing)."""
+    partitions = sum(
         _pinned(tn.numel * tn.elem_bytes / n, pin) * tn.copies for tn in facts.tensors if tn.numel > thr
     )
+    arch = facts.arch
+    vh = arch.vocab_size * arch.hidden_size
+    if arch.tie_word_embeddings and vh > thr:
+        embedding = next(tn for tn in facts.tensors if tn.numel == vh)
+        partitions += _pinned(vh * embedding.elem_bytes / n, pin)
+    return n * partitions
 
 
 def _shard_bytes(facts: ModelFacts) -> float:

@@ -521,3 +521,19 @@ def test_zero3_optimizer_offload_holds_a_bf16_sub_group_on_the_host_during_the_s
     assert 2 * 2 * 1e9 <= copy < 2 * 2 * 1.2e9
     # with the parameters on the host, the conversion happens in place; their bookkeeping costs more
     assert cpu.process_bytes - gpu.process_bytes == 2 * C.HOST_PARAM_OFFLOAD_BYTES
+
+
+def test_a_tied_lm_head_keeps_its_own_pinned_block_under_parameter_offload() -> None:
+    """zero.Init partitions the LM head's weight before transformers ties it to the embedding: with
+    the parameters offloaded a tied model holds as many pinned parameter bytes as the same model
+    untied (one embedding-sized block per rank more than its partitions, as the H200 records show)."""
+    def params(tied: bool, offload_param: str) -> int:
+        config = {**TINY_CONFIGS["llama"], "tie_word_embeddings": tied}
+        resources = {"num_gpus": 2, "zero_stage": 3, "offload_optimizer": "cpu",
+                     "offload_param": offload_param}
+        spec = job(model={"config": config}, method="lora", resources=resources,
+                   hardware=hardware(gpus=2, host_gib=64))
+        return plan(spec).host.parameters_bytes
+
+    assert params(True, "cpu") == params(False, "cpu") > 0
+    assert params(True, "none") == params(False, "none") == 0
