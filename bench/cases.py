@@ -607,6 +607,22 @@ def _heldout14() -> list[Case]:
     ]
 
 
+def _heldout15() -> list[Case]:
+    """Unseen configurations for the planner fitted on 119 records with the tied LM head's pinned
+    block: parameter offload of a tied model, ZeRO-3 LoRA on one GPU, full fine-tuning with
+    optimizer offload of a 32k-vocabulary model on two GPUs, ZeRO-0 without checkpointing, ZeRO-2
+    of Gemma 2 and of LoRA on two GPUs."""
+    h = "heldout15"
+    return [
+        make_case("mistral-7b-v0.3", "full", 3, "opt", True, 2048, 1, 1, gpus=2, group=h, steps=2),
+        make_case("llama-3.1-8b", "lora", 3, "none", True, 4096, 2, 1, group=h),
+        make_case("qwen2.5-0.5b", "lora", 3, "opt+param", True, 2048, 4, 1, gpus=2, group=h, steps=2),
+        make_case("gemma-2-2b", "full", 2, "none", True, 1024, 2, 1, group=h),
+        make_case("llama-3.2-1b", "full", 0, "none", False, 2048, 2, 1, group=h),
+        make_case("qwen2.5-3b", "lora", 2, "none", True, 4096, 2, 1, gpus=2, group=h),
+    ]
+
+
 def _repeats() -> list[Case]:
     """Configurations measured before, run again (twice in one device session) to show how far
     the same configuration's peak and step time move between runs and between sessions: the
@@ -652,6 +668,7 @@ HELDOUT11_CASES: list[Case] = _heldout11()
 HELDOUT12_CASES: list[Case] = _heldout12()
 HELDOUT13_CASES: list[Case] = _heldout13()
 HELDOUT14_CASES: list[Case] = _heldout14()
+HELDOUT15_CASES: list[Case] = _heldout15()
 REPEAT_CASES: list[Case] = _repeats()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
@@ -659,7 +676,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES,
                                    "heldout10": HELDOUT10_CASES, "heldout11": HELDOUT11_CASES,
                                    "heldout12": HELDOUT12_CASES, "heldout13": HELDOUT13_CASES,
-                                   "heldout14": HELDOUT14_CASES,
+                                   "heldout14": HELDOUT14_CASES, "heldout15": HELDOUT15_CASES,
                                    "repeat": REPEAT_CASES,
                                    "limit": _limit_experiment()}
 
