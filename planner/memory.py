@@ -372,7 +372,7 @@ def _offloaded_params(facts: ModelFacts, n: int, pin: bool, thr: int) -> float:
     arch = facts.arch
     vh = arch.vocab_size * arch.hidden_size
     if arch.tie_word_embeddings and vh > thr:
-        embedding = next(tn for tn in facts.tensors if tn.numel == vh)
+        embedding = next(tn for tn in reversed(facts.tensors) if tn.numel == vh)  # after the layers
         partitions += _pinned(vh * embedding.elem_bytes / n, pin)
     return n * partitions
 
