@@ -244,3 +244,26 @@ def test_attention_is_passed_to_transformers_only_when_the_job_names_one() -> No
     assert attention_kwargs(spec()) == {}
     assert attention_kwargs(spec(attn_implementation="eager")) == {"attn_implementation": "eager"}
     assert attention_kwargs(spec(attn_implementation="sdpa")) == {"attn_implementation": "sdpa"}
+
+
+def test_an_attention_transformers_cannot_run_for_the_model_is_the_jobs_error(tmp_path: Path) -> None:
+    """Gemma 2 without a named attention loads (transformers picks eager); naming SDPA, which
+    transformers 5.24 refuses for it, is a user error that names the field."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from worker._trainlib.modeling import load_causal_lm
+    from worker._trainlib.runfile import USER_ERROR, JobFailure
+
+    config = AutoConfig.for_model("gemma2", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=128)
+    AutoModelForCausalLM.from_config(config, attn_implementation="eager").save_pretrained(tmp_path)
+    model = load_causal_lm(tmp_path, torch.bfloat16)
+    assert model.config._attn_implementation == "eager"
+    try:
+        load_causal_lm(tmp_path, torch.bfloat16, attn_implementation="sdpa")
+    except JobFailure as failure:
+        assert (failure.kind, failure.reason) == (USER_ERROR, "attn_unavailable")
+        assert "training.attn_implementation sdpa" in failure.message
+    else:  # a transformers that runs SDPA for Gemma 2 (5.17 did) loads it
+        pytest.skip("this transformers runs SDPA for Gemma 2")

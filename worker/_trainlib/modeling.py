@@ -71,6 +71,12 @@ def load_causal_lm(path: Path, dtype: Any, **kwargs: Any) -> Any:
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **kwargs)
     except Exception as exc:
         _reraise_resource_failure(exc)
+        attn = kwargs.get("attn_implementation")
+        if attn and "attention implementation" in str(exc):  # e.g. SDPA for Gemma 2 in transformers 5.24
+            raise JobFailure(USER_ERROR, "attn_unavailable",
+                             f"training.attn_implementation {attn}: the installed transformers cannot "
+                             f"run it for this model ({exc}); leave it unset for transformers' own "
+                             "choice") from exc
         raise JobFailure(USER_ERROR, "bad_model", f"cannot load the model in {path}: {exc}") from exc
 
 
