@@ -41,7 +41,7 @@ def probe(device_name: str, repeats: int = 5) -> dict[str, Any]:
     and a ``Linear(64, 64)`` call through two Python hooks, in microseconds."""
     import torch
 
-    # the current device: a training rank probes on its own GPU, never creating a context on another
+    # the process's current CUDA device (the first in a fresh child): the probe never picks another
     cuda = device_name == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
