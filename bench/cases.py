@@ -638,6 +638,48 @@ def _repeats() -> list[Case]:
     ]
 
 
+def _heldout16() -> list[Case]:
+    """Unseen configurations measured over ten steps each, with where each step's time goes
+    (``measured.phase_seconds``): LoRA with ZeRO-3 parameter offload on two GPUs (the step time the
+    planner misses most), ZeRO-3 LoRA and full fine-tuning on two GPUs, ZeRO-1 and ZeRO-2 of full
+    fine-tuning on two GPUs, ZeRO-0 LoRA without checkpointing."""
+    h = "heldout16"
+    return [
+        make_case("llama-3.2-3b", "lora", 3, "opt+param", True, 2048, 1, 1, gpus=2, group=h, steps=10),
+        make_case("llama-3.2-1b", "lora", 3, "opt+param", True, 1024, 4, 1, gpus=2, group=h, steps=10),
+        make_case("qwen2.5-3b", "lora", 3, "none", True, 2048, 2, 1, gpus=2, group=h, steps=10),
+        make_case("qwen2.5-7b", "full", 3, "none", True, 1024, 2, 1, gpus=2, group=h, steps=10),
+        make_case("qwen2.5-1.5b", "full", 2, "none", True, 1024, 4, 1, gpus=2, group=h, steps=10),
+        make_case("llama-3.2-1b", "full", 1, "none", False, 1024, 4, 2, gpus=2, group=h, steps=10),
+        make_case("gemma-2-2b", "lora", 0, "none", False, 1024, 4, 1, group=h, steps=10),
+    ]
+
+
+def _steady() -> list[Case]:
+    """Configurations measured before over two or three steps, whose step times moved by up to 82%
+    from one step to the next, measured again over ten: the step times the planner missed most in
+    either direction (LoRA with ZeRO-3 parameter offload on two GPUs, ZeRO-2 LoRA on two GPUs,
+    small jobs, the CPU optimizer of ZeRO-1), and GPU-bound shapes beside them."""
+    g = "steady"
+    return [
+        make_case("gemma-2-2b", "lora", 3, "opt+param", True, 4096, 1, 1, gpus=2, group=g, steps=10),
+        make_case("qwen2.5-0.5b", "lora", 3, "opt+param", True, 2048, 4, 1, gpus=2, group=g, steps=10),
+        make_case("qwen2.5-7b", "lora", 3, "opt+param", True, 2048, 1, 1, gpus=2, group=g, steps=10),
+        make_case("qwen2.5-3b", "lora", 2, "none", True, 4096, 2, 1, gpus=2, group=g, steps=10),
+        make_case("qwen2.5-3b", "full", 1, "none", False, 1024, 2, 2, gpus=2, group=g, steps=10),
+        make_case("mistral-7b-v0.1", "full", 3, "none", True, 2048, 1, 1, gpus=2, group=g, steps=10),
+        make_case("qwen2.5-0.5b", "full", 0, "none", False, 512, 4, 1, group=g, steps=10),
+        make_case("gemma-2-2b", "lora", 3, "none", True, 2048, 2, 1, group=g, steps=10),
+        make_case("mistral-7b-v0.3", "lora", 3, "none", True, 4096, 2, 1, group=g, steps=10),
+        make_case("llama-3.2-3b", "full", 1, "opt", True, 1024, 2, 2, group=g, steps=10),
+        make_case("llama-3.2-1b", "full", 3, "opt+param", False, 2048, 4, 1, group=g, steps=10),
+        make_case("qwen2.5-1.5b", "full", 0, "none", False, 1024, 2, 2, group=g, steps=10),
+        make_case("llama-3.1-8b", "lora", 3, "none", True, 4096, 2, 1, group=g, steps=10),
+        make_case("gemma-2-2b", "full", 2, "none", True, 1024, 2, 1, group=g, steps=10),
+        make_case("qwen2.5-7b", "lora", 0, "none", True, 4096, 2, 1, group=g, steps=10),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -670,6 +712,8 @@ HELDOUT13_CASES: list[Case] = _heldout13()
 HELDOUT14_CASES: list[Case] = _heldout14()
 HELDOUT15_CASES: list[Case] = _heldout15()
 REPEAT_CASES: list[Case] = _repeats()
+HELDOUT16_CASES: list[Case] = _heldout16()
+STEADY_CASES: list[Case] = _steady()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -677,8 +721,8 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout10": HELDOUT10_CASES, "heldout11": HELDOUT11_CASES,
                                    "heldout12": HELDOUT12_CASES, "heldout13": HELDOUT13_CASES,
                                    "heldout14": HELDOUT14_CASES, "heldout15": HELDOUT15_CASES,
-                                   "repeat": REPEAT_CASES,
-                                   "limit": _limit_experiment()}
+                                   "heldout16": HELDOUT16_CASES, "repeat": REPEAT_CASES,
+                                   "steady": STEADY_CASES, "limit": _limit_experiment()}
 
 
 def by_name() -> dict[str, Case]:

@@ -51,6 +51,8 @@ RSS_EVERY_N_SAMPLES = 5
 RANK_GRACE_S = 15.0      # after one rank fails, how long the others get to notice before being killed
 ERROR_TAIL_LINES = 40
 WARMUP_OPTIMIZER_STEPS = 2
+#: Steps timed phase by phase after the measured ones (``measured.phase_seconds``).
+PHASE_STEPS = 2
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED",
                "out of memory", "NCCL WARN Cuda failure 'out of memory'")
 
@@ -402,6 +404,10 @@ def _merge_measured(results: list[dict[str, Any] | None], sampler: Sampler,
         "tokens_per_second": tokens / step_s if step_s else None,
         "phase_peaks": phases,
         "step_seconds_all": steps,
+        # forward, backward and optimizer-step seconds of each phase-timed step (rank 0)
+        "phase_seconds": rank0.get("phase_seconds"),
+        # the host's hooked-module time read by each rank's process before DeepSpeed was imported
+        "case_host_probes": [r.get("host_probe") for r in sorted(got, key=lambda r: r.get("rank", 0))],
         "init_seconds": rank0.get("init_seconds"),
         "param_count": rank0.get("param_count"),
         "trainable_param_count": rank0.get("trainable_param_count"),
@@ -449,7 +455,8 @@ class MemoryLimit:
 
 
 def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: float,
-             budget_clamped: bool, warmup_steps: int, memory: MemoryLimit = MemoryLimit()) -> dict[str, Any]:
+             budget_clamped: bool, warmup_steps: int, memory: MemoryLimit = MemoryLimit(),
+             phase_steps: int = 0) -> dict[str, Any]:
     t0 = time.monotonic()
     spec = case.spec
     record: dict[str, Any] = {"case": case.name, "spec": spec, "deepspeed_config": None, "status": "error",
@@ -470,6 +477,7 @@ def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: f
     case_file.write_text(json.dumps({"name": case.name, "spec": spec, "ds_config": ds_config,
                                      "warmup_micro_steps": warmup_steps * ga,
                                      "measured_steps": case.measured_steps,
+                                     "phase_steps": phase_steps,
                                      "gpu_memory_limit_bytes": gpu_limit}))
     baseline = gpus.used() if gpus.handles else []
     runs = _spawn_ranks(case_file, int(spec["resources"]["num_gpus"]), case_dir)
@@ -682,6 +690,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="measured optimizer steps (default: per case)")
     p.add_argument("--warmup-steps", type=int, default=WARMUP_OPTIMIZER_STEPS,
                    help="warm-up optimizer steps before measuring")
+    p.add_argument("--phase-steps", type=int, default=PHASE_STEPS,
+                   help="optimizer steps after the measured ones, timed per phase (forward, backward, "
+                   "optimizer step) with the GPU synchronised between phases; they do not enter "
+                   "step_seconds")
     p.add_argument("--timeout-factor", type=float, default=3.0,
                    help="per-case limit = max(--min-case-timeout, factor x estimate)")
     p.add_argument("--min-case-timeout", type=float, default=90.0, help="floor of the per-case limit (s)")
@@ -784,7 +796,7 @@ def _run_all(todo: list[Case], args: argparse.Namespace, env: dict[str, Any], gp
         limit = min(own_limit, remaining)
         run = with_machine_hardware(case, gpus, args.host_memory_bytes)
         rec = run_case(run, env, gpus, work, limit, limit < own_limit, args.warmup_steps,
-                       MemoryLimit(args.gpu_memory_limit, args.limit_slack_share))
+                       MemoryLimit(args.gpu_memory_limit, args.limit_slack_share), args.phase_steps)
         append_record(out, rec)
         if rec["status"] in ("ok", "oom"):
             ratios.append(rec["wall_seconds"] / case.est_seconds)
@@ -903,7 +915,6 @@ def _count(model: Any) -> tuple[int, int]:
 
 
 def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
-    import deepspeed
     import torch
 
     spec, ds_config = job["spec"], job["ds_config"]
@@ -912,6 +923,14 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local_rank)
+    # the host's speed as this case found it, before DeepSpeed patches anything: the run's own
+    # probe (env.host_probe) is one reading for every case of the run
+    from worker.hostclock import probe
+
+    result["host_probe"] = probe("cuda" if cuda else "cpu")
+    import deepspeed
+
+    if cuda:
         from worker._trainlib.modeling import limit_gpu_memory
 
         limit_gpu_memory(job.get("gpu_memory_limit_bytes"), local_rank)
@@ -976,6 +995,36 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     host["after_warmup"] = _host_now(torch, cuda)
     result["step_seconds"] = _measure(job, engine, micro_step, peaks, phases, cuda, torch, result)
     host["after_measure"] = _host_now(torch, cuda)
+    result["phase_seconds"] = _time_phases(engine, int(job.get("phase_steps", 0)), cuda, torch, vocab, shape)
+
+
+def _time_phases(engine: Any, steps: int, cuda: bool, torch: Any, vocab: int,
+                 shape: tuple[int, int]) -> list[dict[str, float]]:
+    """Seconds of forward, backward and optimizer step (``engine.step``, which is light except at
+    the accumulation boundary) summed over each optimizer step's micro-steps, with the GPU
+    synchronised at every phase boundary: where a step's time goes, not its length."""
+    ga = int(engine.gradient_accumulation_steps())
+    out: list[dict[str, float]] = []
+
+    def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        value = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return value, time.perf_counter() - t0
+
+    for _ in range(steps):
+        if cuda:
+            torch.cuda.synchronize()
+        parts = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+        for _ in range(ga):
+            ids = torch.randint(0, vocab, shape, device=engine.device)
+            loss, t = timed(lambda ids=ids: engine(input_ids=ids, labels=ids).loss)
+            parts["forward"] += t
+            parts["backward"] += timed(lambda loss=loss: engine.backward(loss))[1]
+            parts["step"] += timed(engine.step)[1]
+        out.append({k: round(v, 4) for k, v in parts.items()})
+    return out
 
 
 def _host_now(torch: Any, cuda: bool) -> dict[str, int | None]:

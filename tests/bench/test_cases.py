@@ -22,10 +22,12 @@ from bench.cases import (
     HELDOUT13_CASES,
     HELDOUT14_CASES,
     HELDOUT15_CASES,
+    HELDOUT16_CASES,
     HELDOUT_CASES,
     MATRICES,
     MODELS,
     REPEAT_CASES,
+    STEADY_CASES,
     Case,
     make_case,
     param_count,
@@ -139,7 +141,8 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
         "heldout5": HELDOUT5_CASES, "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
         "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES, "heldout10": HELDOUT10_CASES,
         "heldout11": HELDOUT11_CASES, "heldout12": HELDOUT12_CASES, "heldout13": HELDOUT13_CASES,
-        "heldout14": HELDOUT14_CASES, "heldout15": HELDOUT15_CASES, "repeat": REPEAT_CASES}
+        "heldout14": HELDOUT14_CASES, "heldout15": HELDOUT15_CASES, "heldout16": HELDOUT16_CASES,
+        "repeat": REPEAT_CASES, "steady": STEADY_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
     families = {c.spec["model"]["config"]["model_type"] for c in HELDOUT_CASES}
@@ -154,7 +157,7 @@ def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
     seen = {c.name for c in CASES} | {c.name for c in HELDOUT_CASES}
     for later in (HELDOUT3_CASES, HELDOUT4_CASES, HELDOUT5_CASES, HELDOUT6_CASES, HELDOUT7_CASES,
                   HELDOUT8_CASES, HELDOUT9_CASES, HELDOUT10_CASES, HELDOUT11_CASES,
-                  HELDOUT12_CASES, HELDOUT13_CASES, HELDOUT14_CASES, HELDOUT15_CASES):
+                  HELDOUT12_CASES, HELDOUT13_CASES, HELDOUT14_CASES, HELDOUT15_CASES, HELDOUT16_CASES):
         names = [c.name for c in later]
         assert len(set(names)) == len(names) and not seen & set(names)
         seen |= set(names)
@@ -172,7 +175,8 @@ def test_the_tenth_heldout_matrix_brings_models_no_earlier_matrix_ran() -> None:
 
     earlier = set().union(*(models(cases) for name, cases in MATRICES.items()
                             if name not in ("heldout10", "heldout11", "heldout12", "heldout13",
-                                            "heldout14", "heldout15", "repeat")))
+                                            "heldout14", "heldout15", "heldout16", "repeat",
+                                            "steady")))
     new = models(HELDOUT10_CASES) - earlier
     assert new == {"gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1"}
     assert new <= set(MODELS)
@@ -187,8 +191,24 @@ def test_the_limit_experiment_reruns_measured_configurations() -> None:
 
 def test_the_repeat_matrix_runs_measured_configurations_again() -> None:
     """The repeats are configurations earlier matrices measured, each planned to fit."""
-    measured = {c.name for name, cases in MATRICES.items() if name not in ("repeat", "limit") for c in cases}
+    measured = {c.name for name, cases in MATRICES.items()
+                if name not in ("repeat", "steady", "limit") for c in cases}
     names = [c.name for c in REPEAT_CASES]
     assert len(set(names)) == len(names) == 5 and set(names) <= measured
     for c in REPEAT_CASES:
         assert planner.plan(c.spec).fits, c.name
+
+
+def test_the_steady_matrix_measures_earlier_configurations_over_ten_steps() -> None:
+    """Each steady case is a configuration an earlier matrix measured over two or three steps,
+    now measured over ten, and planned to fit; both GPU counts and both methods are there."""
+    earlier = {c.name: c for name, cases in MATRICES.items()
+               if name not in ("repeat", "steady", "limit", "heldout16") for c in cases}
+    names = [c.name for c in STEADY_CASES]
+    assert len(set(names)) == len(names) and set(names) <= set(earlier)
+    for c in STEADY_CASES:
+        assert c.measured_steps == 10 and earlier[c.name].measured_steps <= 3, c.name
+        assert planner.plan(c.spec).fits, c.name
+    assert {c.num_gpus for c in STEADY_CASES} == {1, 2}
+    assert {c.spec["method"] for c in STEADY_CASES} == {"full", "lora"}
+    assert all(c.measured_steps == 10 for c in HELDOUT16_CASES)

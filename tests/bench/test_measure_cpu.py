@@ -76,6 +76,15 @@ def test_tiny_case_records_ok_with_host_figures(run: dict[str, Any]) -> None:
     assert m["step_seconds"] > 0
     assert m["tokens_per_second"] == pytest.approx(2 * 32 * 2 / m["step_seconds"])
     assert len(m["step_seconds_all"]) == 2
+    # the phase-timed steps after the measured ones: each of accumulation 2, every phase took time
+    # and the three together are about one measured step (the synchronisation adds a little)
+    assert len(m["phase_seconds"]) == 2
+    for split in m["phase_seconds"]:
+        assert set(split) == {"forward", "backward", "step"} and min(split.values()) > 0
+        assert 0.3 * min(m["step_seconds_all"]) < sum(split.values()) < 5 * max(m["step_seconds_all"])
+    # each rank read the host's hooked-module time before DeepSpeed was imported
+    (probe,) = m["case_host_probes"]
+    assert probe["device"] == "cpu" and 0 < probe["hooked_module_us"] < 10_000
     assert m["partitioned_at_init"] is True  # built under zero.Init, as the ZeRO-3 trainer does
     assert m["attn_implementation"] == "sdpa"  # the spec names none: transformers' pick for llama
     assert m["param_count"] > 0 and m["trainable_param_count"] == m["param_count"]
