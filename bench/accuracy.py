@@ -53,6 +53,10 @@ class Row:
         value = (self.record.get("measured") or {}).get(key)
         return float(value) if isinstance(value, int | float) else None
 
+    def measured_list(self, key: str) -> list[float]:
+        values = (self.record.get("measured") or {}).get(key)
+        return [float(v) for v in values] if isinstance(values, list) else []
+
     @property
     def offloaded(self) -> bool:
         res = self.record["spec"].get("resources", {})
@@ -87,10 +91,18 @@ def with_attention(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def host_probe_us(rec: dict[str, Any]) -> float | None:
-    """The hooked-module time of the record's run (``env.host_probe``, a child of its own before
-    the cases). The probes some records' rank 0 ran beside its training (``measured.host_probes``)
-    are not a host figure: under ZeRO-3 and optimizer offload they read 38-74 us against the run's
-    15-24 (DeepSpeed's module patches and the CPU optimizer's threads), plain ZeRO-0/1 17-20."""
+    """The hooked-module time of the host as the record's case found it: the slowest of the probes
+    its ranks read in their own processes before importing DeepSpeed (``measured.case_host_probes``;
+    the ranks wait for each other, so the slowest sets the step), else the run's probe
+    (``env.host_probe``, a child before the cases). The same box read 15.5-30.9 us from case to case
+    within one run, so the case's own reading is the closer one. The probes some records' rank 0
+    ran beside its training (``measured.host_probes``) are not a host figure: under ZeRO-3 and
+    optimizer offload they read 38-74 us against the run's 15-24 (DeepSpeed's module patches and
+    the CPU optimizer's threads), plain ZeRO-0/1 17-20."""
+    probes = (rec.get("measured") or {}).get("case_host_probes") or []
+    own = [(p or {}).get("hooked_module_us") for p in probes]
+    if own and all(own):
+        return float(max(own))
     hooked = ((rec.get("env") or {}).get("host_probe") or {}).get("hooked_module_us")
     return float(hooked) if hooked else None
 
@@ -136,8 +148,22 @@ def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _group(row: Row) -> str:
-    return "calibration" if row.calibration else "held-out"
+def _group(row: Row, calibrated: set[str]) -> str:
+    if row.calibration:
+        return "calibration"
+    return "measured again" if row.case in calibrated else "held-out"
+
+
+def split_groups(rows: Sequence[Row]) -> tuple[list[Row], list[Row], list[Row]]:
+    """(calibration, held-out, measured again): records of files the constants were fitted on;
+    records of other files whose configuration no calibration record has; and records of other
+    files that measure a calibration configuration again (repeats, the ten-step re-measurements),
+    which test the measurement more than the model."""
+    calibrated = {r.case for r in rows if r.calibration}
+    calib = [r for r in rows if r.calibration]
+    held = [r for r in rows if not r.calibration and r.case not in calibrated]
+    again = [r for r in rows if not r.calibration and r.case in calibrated]
+    return calib, held, again
 
 
 def _allocated(p: Plan) -> int:
@@ -158,6 +184,7 @@ def _describe(rec: dict[str, Any]) -> str:
 
 
 def _memory_table(rows: Sequence[Row]) -> list[str]:
+    calibrated = {r.case for r in rows if r.calibration}
     out = [
         "| case | group | setup | status | NVML peak GiB | planned GiB | error | torch alloc GiB "
         "| planned alloc GiB | error | step s | planned s | error |",
@@ -177,7 +204,7 @@ def _memory_table(rows: Sequence[Row]) -> list[str]:
             retries = row.measured("allocator_retries") or 0
             status += f", limited to {limit / GIB:.2f} GiB, {retries:.0f} retries"
         out.append(
-            f"| {row.case} | {_group(row)} | {_describe(row.record)} | {status} | {_gib(nvml)} | "
+            f"| {row.case} | {_group(row, calibrated)} | {_describe(row.record)} | {status} | {_gib(nvml)} | "
             f"{_gib(planned)} | "
             f"{_pct(error(planned, nvml))} | {_gib(alloc)} | {_gib(planned_alloc)} | "
             f"{_pct(error(planned_alloc, alloc))} | {_secs(step)} | {_secs(planned_step)} | "
@@ -726,14 +753,60 @@ def repeats(rows: Sequence[Row]) -> list[str]:
     ]
 
 
+#: Measured optimizer steps from which a record's step time counts as steady (``ten_steps``).
+STEADY_STEPS = 8
+
+
+def ten_steps(rows: Sequence[Row]) -> list[str]:
+    """Step time of the records measured over at least ``STEADY_STEPS`` optimizer steps: how far
+    one step is from the next within a run, how far the host probe moved from case to case, and
+    the planned step time against the median with the case's own host probe, with the run's probe
+    and with no probe (the calibration host)."""
+    steady = [r for r in rows if r.status == "ok" and r.plan is not None
+              and len(r.measured_list("step_seconds_all")) >= STEADY_STEPS and r.measured("step_seconds")]
+    if not steady:
+        return ["- no record measured that many steps"]
+    spreads = [_spread(r.measured_list("step_seconds_all")) for r in steady]
+    own = [host_probe_us(r.record) for r in steady if r.record["measured"].get("case_host_probes")]
+    lines = [
+        f"- {len(steady)} records measured over {STEADY_STEPS} or more optimizer steps: one step to "
+        f"the next within a run (largest over smallest, minus one) median {statistics.median(spreads):.0%}, "
+        f"largest {max(spreads):.0%}",
+    ]
+    if own:
+        lines.append(f"- the case's own host probe (slowest rank) read {min(own):.1f}-{max(own):.1f} µs "
+                     f"over {len(own)} cases")
+    variants = (("the case's own host probe", lambda r: r.record),
+                ("the run's host probe", lambda r: _without_case_probes(r.record)),
+                ("no probe (the calibration host)", lambda r: _without_probes(r.record)))
+    for label, record in variants:
+        errors = []
+        for r in steady:
+            planned = plan(record(r)["spec"]).estimated_step_seconds
+            errors.append(planned / (r.measured("step_seconds") or 1.0) - 1)
+        lines.append(f"- planned against measured, with {label}: {_stats(errors)}; within ±25%: "
+                     f"{sum(abs(e) <= 0.25 for e in errors)} of {len(errors)}")
+    return lines
+
+
+def _without_case_probes(rec: dict[str, Any]) -> dict[str, Any]:
+    measured = {k: v for k, v in rec["measured"].items() if k != "case_host_probes"}
+    return _with_host_clock(_without_probes({**rec, "measured": measured}))
+
+
+def _without_probes(rec: dict[str, Any]) -> dict[str, Any]:
+    spec = rec["spec"]
+    hardware = {k: v for k, v in spec.get("hardware", {}).items() if k != "host_clock_factor"}
+    return {**rec, "spec": {**spec, "hardware": hardware}}
+
+
 def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
     stats = summary(rows)
     oom = [r for r in rows if r.status == "oom"]
     missed = [r.case for r in oom if r.plan is not None and r.plan.fits]
     refused = [f"{r.case}: {r.problem}" for r in rows if r.problem]
     errored = [f"{r.case}: {(r.record.get('error') or '')[:120]}" for r in rows if r.status == "error"]
-    calib = [r for r in rows if r.calibration]
-    held = [r for r in rows if not r.calibration]
+    calib, held, again = split_groups(rows)
     lines = [
         "# Planner accuracy against measurements",
         "",
@@ -750,7 +823,8 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         "The named constants of `planner/constants.py` were fitted on the records of "
         + ", ".join(f"`{name}`" for name in C.CALIBRATION_RESULTS)
         + " (`CALIBRATION_RESULTS`); every other results file is held-out: it tests the model "
-        "and was not used to build it.",
+        "and was not used to build it. A record of such a file whose configuration a calibration "
+        "record has is counted apart, as measured again.",
         "",
         "## Summary: all records",
         *_summary_lines(stats),
@@ -761,6 +835,12 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         "",
         f"## Summary: held-out records ({len(held)})",
         *(_summary_lines(summary(held)) if held else ["- none yet: new results files land here"]),
+        "",
+        f"## Summary: calibration configurations measured again by other files ({len(again)})",
+        *(_summary_lines(summary(again)) if again else ["- none"]),
+        "",
+        "## Step time over ten steps",
+        *ten_steps(rows),
         "",
         "## Cross-validation of the allocator-slack fit",
         "The six slack constants are the only fitted part of the GPU peak; everything else is "
@@ -1048,10 +1128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = plan_records(load_records(sources))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(rows, sources), encoding="utf-8")
-    for group, members in (
-        ("calibration", [r for r in rows if r.calibration]),
-        ("held-out", [r for r in rows if not r.calibration]),
-    ):
+    calib, held, again = split_groups(rows)
+    for group, members in (("calibration", calib), ("held-out", held), ("measured again", again)):
         for name, errors in summary(members).items():
             print(f"{group} {name}: {_stats(errors)}")
     for line in cross_validation(rows):

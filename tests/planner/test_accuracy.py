@@ -80,6 +80,20 @@ def test_a_records_host_clock_comes_from_its_runs_probe() -> None:
     assert factors == [None, 2.0, 2.0]
 
 
+def test_a_records_host_clock_is_its_slowest_ranks_own_probe_where_the_case_read_one() -> None:
+    """Where each rank probed the host in its own process before the case, the slowest rank's
+    reading is the record's host (the ranks wait for each other), not the run's earlier probe."""
+    accuracy = _accuracy()
+    record = accuracy.load_records([FIXTURE])[0]
+    run = {**record, "env": {**record["env"], "host_probe": {"hooked_module_us": 41.2}}}
+    own = {**run, "measured": {**run["measured"], "case_host_probes": [{"hooked_module_us": 20.6},
+                                                                        {"hooked_module_us": 30.9}]}}
+    partial = {**run, "measured": {**run["measured"], "case_host_probes": [{"hooked_module_us": 20.6}, None]}}
+    assert accuracy.host_probe_us(own) == 30.9
+    assert accuracy.host_probe_us(partial) == 41.2  # a rank without a reading: the run's probe
+    assert accuracy._with_host_clock(own)["spec"]["hardware"]["host_clock_factor"] == 1.5
+
+
 def test_repeats_report_how_far_runs_of_one_configuration_are_apart() -> None:
     accuracy = _accuracy()
     first = next(r for r in accuracy.load_records([FIXTURE]) if r["status"] == "ok")
@@ -93,3 +107,40 @@ def test_repeats_report_how_far_runs_of_one_configuration_are_apart() -> None:
                         "10.0%; step time spread median 50.0%, largest 50.0%")
     (row,) = [line for line in lines if line.startswith(f"| {first['case']} |")]
     assert "again.jsonl" in row and "| 10.0% |" in row and "| 50.0% |" in row
+
+
+def test_a_calibration_configuration_measured_by_another_file_is_counted_apart() -> None:
+    """A record of a file the constants were not fitted on is held-out only when no calibration
+    record has its configuration; otherwise it is the same configuration measured again."""
+    accuracy = _accuracy()
+    first = next(r for r in accuracy.load_records([FIXTURE]) if r["status"] == "ok")
+    calibration = {**first, "_source": accuracy.C.CALIBRATION_RESULTS[0]}
+    again = {**first, "_source": "again.jsonl"}
+    other = {**first, "case": "another|configuration", "_source": "again.jsonl"}
+    calib, held, measured_again = accuracy.split_groups(accuracy.plan_records([calibration, again, other]))
+    assert [r.case for r in calib] == [first["case"]] and calib[0].source == calibration["_source"]
+    assert [r.case for r in held] == ["another|configuration"]
+    assert [(r.case, r.source) for r in measured_again] == [(first["case"], "again.jsonl")]
+
+
+def test_ten_step_records_report_their_spread_and_the_step_time_per_host_reading() -> None:
+    """Only records of at least STEADY_STEPS measured steps count; the errors with the case's own
+    probe, the run's probe and none follow the host-clock factor each gives the plan."""
+    accuracy = _accuracy()
+    first = next(r for r in accuracy.load_records([FIXTURE]) if r["status"] == "ok")
+    assert accuracy.ten_steps(accuracy.plan_records([first])) == ["- no record measured that many steps"]
+    step = first["measured"]["step_seconds"]
+    steps = [step * 0.9] * 5 + [step * 1.2] * 5
+    rec = {**first, "env": {**first["env"], "host_probe": {"hooked_module_us": 41.2}},
+           "measured": {**first["measured"], "step_seconds_all": steps,
+                        "case_host_probes": [{"hooked_module_us": 20.6}]}}
+    lines = accuracy.ten_steps(accuracy.plan_records([accuracy._with_host_clock(rec)]))
+    assert lines[0].startswith("- 1 records measured over 8 or more optimizer steps")
+    assert "median 33%" in lines[0]  # 1.2 / 0.9 - 1
+    assert lines[1] == "- the case's own host probe (slowest rank) read 20.6-20.6 µs over 1 cases"
+    assert [line.split(":")[0] for line in lines[2:]] == [
+        "- planned against measured, with the case's own host probe",
+        "- planned against measured, with the run's host probe",
+        "- planned against measured, with no probe (the calibration host)"]
+    # the case's probe reads the calibration host's 20.6 us (factor 1): the same plan as no probe
+    assert lines[2].split(": ", 1)[1] == lines[4].split(": ", 1)[1]
