@@ -13,6 +13,8 @@ def fake_probe(monkeypatch: pytest.MonkeyPatch, factor: float) -> list[str]:
     """Forget any figure this process measured and make the probe read ``factor`` times the
     calibration host's hooked-module time; returns the devices it is asked to probe, in order."""
     monkeypatch.setattr(hostclock, "_measured", {})
+    monkeypatch.setattr(hostclock, "_taken", {})
+    monkeypatch.setattr(hostclock, "_refreshing", set())
     probed: list[str] = []
 
     def child(device: str) -> dict[str, float]:

@@ -74,8 +74,11 @@ class Settings(BaseSettings):
         ge=HOST_CLOCK_FACTOR_BOUNDS[0], le=HOST_CLOCK_FACTOR_BOUNDS[1],
         description="This host's clock over the planner's calibration host's; default: probed on a box "
                     "with NVIDIA GPUs.")] = None
-    host_probe: Annotated[bool, Field(description="Probe this host's clock (a child process, once) "
+    host_probe: Annotated[bool, Field(description="Probe this host's clock (a child process) "
                                       "when the settings give no host_clock_factor.")] = True
+    host_probe_max_age_s: Annotated[float, Field(gt=0, description="Probe the host's clock again, in "
+                                                 "the background, once its figure is this old: the same "
+                                                 "box's host speed moves from minute to minute.")] = 600.0
     lease_ttl_s: Annotated[int, Field(ge=5, description="A GPU lease expires this long after its "
                                       "last heartbeat.")] = 120
     cancel_grace_s: Annotated[float, Field(ge=0, description="Seconds between SIGTERM and SIGKILL "

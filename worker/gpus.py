@@ -228,9 +228,9 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
 
 
 def box_host_clock(settings: Settings) -> float | None:
-    """This box's ``hardware.host_clock_factor`` (worker/hostclock.py): probed once per process
-    where NVML sees GPUs. The service starts the probe when it starts; a plan that arrives while
-    it runs waits for its figure."""
+    """This box's ``hardware.host_clock_factor`` (worker/hostclock.py): probed where NVML sees GPUs,
+    and again in the background once ``host_probe_max_age_s`` old. The service starts the first
+    probe when it starts; a plan that arrives while it runs waits for its figure."""
     return box_host_clock_factor(settings, lambda: bool(_nvml_inventory()))
 
 

@@ -33,6 +33,8 @@ PROBE_TIMEOUT_S = 120.0
 
 _lock = threading.Lock()
 _measured: dict[str, float | None] = {}
+_taken: dict[str, float] = {}  # time.monotonic() of each figure in _measured
+_refreshing: set[str] = set()
 
 
 def probe(device_name: str, repeats: int = 5) -> dict[str, Any]:
@@ -49,7 +51,7 @@ def probe(device_name: str, repeats: int = 5) -> dict[str, Any]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def best_of(fn: Callable[[], None], n: int) -> float:
+    def best_of(fn: Callable[[], object], n: int) -> float:
         fn()  # warm-up
         sync()
         times = []
@@ -89,22 +91,48 @@ def _probe_in_child(device_name: str) -> dict[str, Any]:
 
 def box_host_clock_factor(settings: Settings, has_cuda_gpu: Callable[[], bool]) -> float | None:
     """This box's ``hardware.host_clock_factor``: the settings' figure where given; on a box with
-    NVIDIA GPUs, the probe's hooked-module time over the calibration host's, measured once per
-    process; None (the planner's calibration host) on a box without them, whose CPU stand-ins
-    the step-time constants do not describe, or where the probe fails."""
+    NVIDIA GPUs, the probe's hooked-module time over the calibration host's, measured on first use
+    and again, in a background thread, whenever the figure is older than
+    ``settings.host_probe_max_age_s`` (the plan that finds it old gets the last figure); None (the
+    planner's calibration host) on a box without them, whose CPU stand-ins the step-time constants
+    do not describe, or where the probe fails.
+
+    The same H200 box read 15.5-30.9 us from one benchmark case to the next within one run, and the
+    steps followed the case's own reading more closely than the run's first one (16 of 22 ten-step
+    records within 25% against 8; ``bench/accuracy.py``, "Step time over ten steps")."""
     if settings.host_clock_factor is not None:
         return settings.host_clock_factor
     if not settings.host_probe:
         return None
     with _lock:
         if "cuda" not in _measured and not has_cuda_gpu():
-            _measured["cuda"] = None
+            _measured["cuda"], _taken["cuda"] = None, float("inf")  # no GPU: nothing to probe, ever
         if "cuda" not in _measured:
-            try:
-                _measured["cuda"] = host_clock_factor(float(_probe_in_child("cuda")["hooked_module_us"]))
-            except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
-                _measured["cuda"] = None
+            _measured["cuda"], _taken["cuda"] = _read_factor(), time.monotonic()
+        elif time.monotonic() - _taken.get("cuda", 0.0) > settings.host_probe_max_age_s \
+                and "cuda" not in _refreshing:
+            _refreshing.add("cuda")
+            threading.Thread(target=_refresh, args=("cuda",), name="host-clock-refresh", daemon=True).start()
         return _measured["cuda"]
+
+
+def _read_factor() -> float | None:
+    try:
+        return host_clock_factor(float(_probe_in_child("cuda")["hooked_module_us"]))
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError):
+        return None
+
+
+def _refresh(device: str) -> None:
+    try:
+        value = _read_factor()
+        with _lock:
+            if value is not None or _measured.get(device) is None:  # a failed re-probe keeps the figure
+                _measured[device] = value
+            _taken[device] = time.monotonic()
+    finally:
+        with _lock:
+            _refreshing.discard(device)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -171,6 +171,59 @@ def test_box_host_clock_factor_comes_from_the_settings_or_a_probe_of_a_gpu_host(
     assert hostclock.box_host_clock_factor(unprobed, lambda: True) is None
 
 
+def test_an_old_host_clock_figure_is_probed_again_in_the_background(settings, monkeypatch):
+    """Once the figure is older than host_probe_max_age_s, the next plan gets it while a thread
+    probes again; the plans after take the new figure. A failed re-probe keeps the old one."""
+    import threading
+
+    from planner.constants import HOST_HOOK_REFERENCE_US
+    from tests.hostclock import fake_probe
+    from worker import hostclock
+
+    probed = fake_probe(monkeypatch, 2.0)
+    quick = settings.model_copy(update={"host_probe_max_age_s": 60.0})
+    assert hostclock.box_host_clock_factor(quick, lambda: True) == 2.0
+    assert hostclock.box_host_clock_factor(quick, lambda: True) == 2.0  # still fresh
+    assert probed == ["cuda"]
+    readings = iter([{"hooked_module_us": 1.5 * HOST_HOOK_REFERENCE_US}, {}])
+    release = threading.Event()
+
+    def child(device: str) -> dict[str, float]:
+        release.wait(10)
+        probed.append(device)
+        return next(readings)
+
+    monkeypatch.setattr(hostclock, "_probe_in_child", child)
+
+    def age() -> None:
+        hostclock._taken["cuda"] -= 61.0
+
+    def refreshed() -> None:
+        release.set()
+        for thread in threading.enumerate():
+            if thread.name == "host-clock-refresh":
+                thread.join(10)
+        release.clear()
+
+    age()
+    assert hostclock.box_host_clock_factor(quick, lambda: True) == 2.0  # the old figure, at once
+    assert hostclock.box_host_clock_factor(quick, lambda: True) == 2.0  # one re-probe at a time
+    refreshed()
+    assert probed == ["cuda", "cuda"]
+    assert hostclock.box_host_clock_factor(quick, lambda: True) == 1.5
+    age()
+    assert hostclock.box_host_clock_factor(quick, lambda: True) == 1.5
+    refreshed()  # this probe fails: the figure stays, and is not probed again until it is old
+    assert probed == ["cuda", "cuda", "cuda"]
+    assert hostclock.box_host_clock_factor(quick, lambda: True) == 1.5
+    assert probed == ["cuda", "cuda", "cuda"]
+    # a box without GPUs never probes, however old its answer
+    monkeypatch.setattr(hostclock, "_measured", {})
+    assert hostclock.box_host_clock_factor(quick, lambda: False) is None
+    assert hostclock.box_host_clock_factor(quick, lambda: False) is None
+    assert probed == ["cuda", "cuda", "cuda"]
+
+
 def test_host_probe_runs_in_its_own_process_and_reports_microseconds():
     import json
     import subprocess
