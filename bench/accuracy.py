@@ -67,9 +67,9 @@ class Row:
 
 
 def load_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    """Records of every file, each tagged with its file's name under ``_source``; where the run
-    probed its host, the spec's hardware carries the host-clock factor the service would give
-    its box (``planner.host_clock_factor``)."""
+    """Records of every file, each tagged with its file's name under ``_source``; where the case or
+    its run probed the host (``host_probe_us``), the spec's hardware carries the host-clock factor
+    the service would give its box (``planner.host_clock_factor``)."""
     records = []
     for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
