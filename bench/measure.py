@@ -394,6 +394,7 @@ def _merge_measured(results: list[dict[str, Any] | None], sampler: Sampler,
                      default=None) for k in phase_keys}
     rss = [r["ru_maxrss_bytes"] for r in got if r.get("ru_maxrss_bytes")]
     rank0 = next((r for r in got if r.get("rank") == 0), {})
+    by_rank = sorted(got, key=lambda r: r.get("rank", 0))
     return {
         **sampler.nvml_figures(baseline),
         "torch_max_allocated_bytes": mx("torch_max_allocated_bytes"),
@@ -407,14 +408,14 @@ def _merge_measured(results: list[dict[str, Any] | None], sampler: Sampler,
         # forward, backward and optimizer-step seconds of each phase-timed step (rank 0)
         "phase_seconds": rank0.get("phase_seconds"),
         # the host's hooked-module time read by each rank's process before DeepSpeed was imported
-        "case_host_probes": [r.get("host_probe") for r in sorted(got, key=lambda r: r.get("rank", 0))],
+        "case_host_probes": [r.get("host_probe") for r in by_rank],
         "init_seconds": rank0.get("init_seconds"),
         "param_count": rank0.get("param_count"),
         "trainable_param_count": rank0.get("trainable_param_count"),
         "loss": rank0.get("loss"),
         "partitioned_at_init": rank0.get("partitioned_at_init"),
         "attn_implementation": rank0.get("attn_implementation"),
-        "host_phases": [r.get("host_phases") or {} for r in sorted(got, key=lambda r: r.get("rank", 0))],
+        "host_phases": [r.get("host_phases") or {} for r in by_rank],
         "allocator_retries": mx("allocator_retries"),
         # torch's allocated peak of each warm-up micro-step and each measured optimizer step, on
         # the busiest rank: a first step that peaks above the rest shows here
@@ -972,17 +973,26 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
         if marks is not None:
             _trace_mark(torch, label, marks)
 
-    def micro_step(before_step: Callable[[], None] | None = None) -> Any:
+    def micro_step(before_step: Callable[[], None] | None = None,
+                   after: Callable[[str], None] | None = None) -> Any:
+        """One micro-step; ``after(phase)`` runs once the forward, the backward and the step are
+        issued (``_time_phases``)."""
         k = next(counter)
         ids = torch.randint(0, vocab, shape, device=engine.device)
         mark(f"forward {k}")
         loss = engine(input_ids=ids, labels=ids).loss
+        if after:
+            after("forward")
         mark(f"backward {k}")
         engine.backward(loss)
+        if after:
+            after("backward")
         if before_step:
             before_step()
         mark(f"step {k}")
         engine.step()
+        if after:
+            after("step")
         return loss.detach()
 
     mark("initialised")
@@ -995,36 +1005,36 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
     host["after_warmup"] = _host_now(torch, cuda)
     result["step_seconds"] = _measure(job, engine, micro_step, peaks, phases, cuda, torch, result)
     host["after_measure"] = _host_now(torch, cuda)
-    result["phase_seconds"] = _time_phases(engine, int(job.get("phase_steps", 0)), cuda, torch, vocab, shape)
+    result["phase_seconds"] = _time_phases(engine, micro_step, int(job.get("phase_steps", 0)), cuda, torch)
 
 
-def _time_phases(engine: Any, steps: int, cuda: bool, torch: Any, vocab: int,
-                 shape: tuple[int, int]) -> list[dict[str, float]]:
+def _time_phases(engine: Any, micro_step: Callable[..., Any], steps: int, cuda: bool,
+                 torch: Any) -> list[dict[str, float]]:
     """Seconds of forward, backward and optimizer step (``engine.step``, which is light except at
     the accumulation boundary) summed over each optimizer step's micro-steps, with the GPU
-    synchronised at every phase boundary: where a step's time goes, not its length."""
+    synchronised at every phase boundary: where a step's time goes, not its length. The forward
+    includes drawing its micro-batch's token ids on the GPU."""
     ga = int(engine.gradient_accumulation_steps())
-    out: list[dict[str, float]] = []
 
-    def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-        t0 = time.perf_counter()
-        value = fn()
-        if cuda:
-            torch.cuda.synchronize()
-        return value, time.perf_counter() - t0
-
-    for _ in range(steps):
+    def timed_step() -> dict[str, float]:
         if cuda:
             torch.cuda.synchronize()
         parts = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+        last = time.perf_counter()
+
+        def after(phase: str) -> None:
+            nonlocal last
+            if cuda:
+                torch.cuda.synchronize()
+            now = time.perf_counter()
+            parts[phase] += now - last
+            last = now
+
         for _ in range(ga):
-            ids = torch.randint(0, vocab, shape, device=engine.device)
-            loss, t = timed(lambda ids=ids: engine(input_ids=ids, labels=ids).loss)
-            parts["forward"] += t
-            parts["backward"] += timed(lambda loss=loss: engine.backward(loss))[1]
-            parts["step"] += timed(engine.step)[1]
-        out.append({k: round(v, 4) for k, v in parts.items()})
-    return out
+            micro_step(after=after)
+        return {k: round(v, 4) for k, v in parts.items()}
+
+    return [timed_step() for _ in range(steps)]
 
 
 def _host_now(torch: Any, cuda: bool) -> dict[str, int | None]:
