@@ -102,7 +102,7 @@ def host_probe_us(rec: dict[str, Any]) -> float | None:
     probes = (rec.get("measured") or {}).get("case_host_probes") or []
     own = [(p or {}).get("hooked_module_us") for p in probes]
     if own and all(own):
-        return float(max(own))
+        return max(float(v) for v in own if v)
     hooked = ((rec.get("env") or {}).get("host_probe") or {}).get("hooked_module_us")
     return float(hooked) if hooked else None
 
@@ -159,11 +159,15 @@ def split_groups(rows: Sequence[Row]) -> tuple[list[Row], list[Row], list[Row]]:
     records of other files whose configuration no calibration record has; and records of other
     files that measure a calibration configuration again (repeats, the ten-step re-measurements),
     which test the measurement more than the model."""
-    calibrated = {r.case for r in rows if r.calibration}
-    calib = [r for r in rows if r.calibration]
-    held = [r for r in rows if not r.calibration and r.case not in calibrated]
-    again = [r for r in rows if not r.calibration and r.case in calibrated]
-    return calib, held, again
+    calibrated = _calibrated_cases(rows)
+    groups: dict[str, list[Row]] = {"calibration": [], "held-out": [], "measured again": []}
+    for r in rows:
+        groups[_group(r, calibrated)].append(r)
+    return groups["calibration"], groups["held-out"], groups["measured again"]
+
+
+def _calibrated_cases(rows: Sequence[Row]) -> set[str]:
+    return {r.case for r in rows if r.calibration}
 
 
 def _allocated(p: Plan) -> int:
@@ -184,7 +188,7 @@ def _describe(rec: dict[str, Any]) -> str:
 
 
 def _memory_table(rows: Sequence[Row]) -> list[str]:
-    calibrated = {r.case for r in rows if r.calibration}
+    calibrated = _calibrated_cases(rows)
     out = [
         "| case | group | setup | status | NVML peak GiB | planned GiB | error | torch alloc GiB "
         "| planned alloc GiB | error | step s | planned s | error |",
@@ -767,7 +771,8 @@ def ten_steps(rows: Sequence[Row]) -> list[str]:
     if not steady:
         return ["- no record measured that many steps"]
     spreads = [_spread(r.measured_list("step_seconds_all")) for r in steady]
-    own = [host_probe_us(r.record) for r in steady if r.record["measured"].get("case_host_probes")]
+    probed = (host_probe_us(r.record) for r in steady if r.record["measured"].get("case_host_probes"))
+    own = [us for us in probed if us is not None]
     lines = [
         f"- {len(steady)} records measured over {STEADY_STEPS} or more optimizer steps: one step to "
         f"the next within a run (largest over smallest, minus one) median {statistics.median(spreads):.0%}, "
@@ -776,13 +781,15 @@ def ten_steps(rows: Sequence[Row]) -> list[str]:
     if own:
         lines.append(f"- the case's own host probe (slowest rank) read {min(own):.1f}-{max(own):.1f} µs "
                      f"over {len(own)} cases")
-    variants = (("the case's own host probe", lambda r: r.record),
-                ("the run's host probe", lambda r: _without_case_probes(r.record)),
-                ("no probe (the calibration host)", lambda r: _without_probes(r.record)))
-    for label, record in variants:
+    # each row's plan already has the case's own probe (load_records); the others are planned again
+    variants: tuple[tuple[str, Callable[[Row], Plan]], ...] = (
+        ("the case's own host probe", lambda r: r.plan or plan(r.record["spec"])),
+        ("the run's host probe", lambda r: plan(_without_case_probes(r.record)["spec"])),
+        ("no probe (the calibration host)", lambda r: plan(_without_probes(r.record)["spec"])))
+    for label, planned_for in variants:
         errors = []
         for r in steady:
-            planned = plan(record(r)["spec"]).estimated_step_seconds
+            planned = planned_for(r).estimated_step_seconds
             errors.append(planned / (r.measured("step_seconds") or 1.0) - 1)
         lines.append(f"- planned against measured, with {label}: {_stats(errors)}; within ±25%: "
                      f"{sum(abs(e) <= 0.25 for e in errors)} of {len(errors)}")
