@@ -24,6 +24,7 @@ from bench.cases import (
     HELDOUT15_CASES,
     HELDOUT16_CASES,
     HELDOUT_CASES,
+    LOGITS_CASES,
     MATRICES,
     MODELS,
     REPEAT_CASES,
@@ -78,7 +79,8 @@ def test_matrix_spans_the_space() -> None:
         "gpus": {c.num_gpus for c in CASES},
     }
     heldout_only = {"llama-3.2-3b", "mistral-7b-v0.3", "phi-3-mini", "gemma-2-2b", "llama-3.1-8b",
-                    "gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1"}
+                    "gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1",
+                    "gemma-2-2b-nosoftcap"}
     assert spans["model"] == set(MODELS) - heldout_only
     assert spans["method"] == {"full", "lora"}
     assert spans["stage"] == {0, 2, 3}
@@ -136,7 +138,7 @@ def test_parameter_offload_without_zero3_is_refused() -> None:
 
 
 def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
-    assert {k: v for k, v in MATRICES.items() if k != "limit"} == {
+    assert {k: v for k, v in MATRICES.items() if k not in ("limit", "logits")} == {
         "main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES, "heldout4": HELDOUT4_CASES,
         "heldout5": HELDOUT5_CASES, "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
         "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES, "heldout10": HELDOUT10_CASES,
@@ -176,7 +178,7 @@ def test_the_tenth_heldout_matrix_brings_models_no_earlier_matrix_ran() -> None:
     earlier = set().union(*(models(cases) for name, cases in MATRICES.items()
                             if name not in ("heldout10", "heldout11", "heldout12", "heldout13",
                                             "heldout14", "heldout15", "heldout16", "repeat",
-                                            "steady")))
+                                            "steady", "logits")))
     new = models(HELDOUT10_CASES) - earlier
     assert new == {"gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1"}
     assert new <= set(MODELS)
@@ -212,3 +214,22 @@ def test_the_steady_matrix_measures_earlier_configurations_over_ten_steps() -> N
     assert {c.num_gpus for c in STEADY_CASES} == {1, 2}
     assert {c.spec["method"] for c in STEADY_CASES} == {"full", "lora"}
     assert all(c.measured_steps == 10 for c in HELDOUT16_CASES)
+
+
+def test_the_logits_matrix_isolates_the_soft_capping_of_gemma_2() -> None:
+    """LoRA cases without checkpointing (one with it, as control), planned to fit; the Gemma 2 2B
+    variant without soft-capping differs from the catalogued model in that field alone."""
+    names = [c.name for c in LOGITS_CASES]
+    assert len(set(names)) == len(names)
+    assert all(c.spec["method"] == "lora" for c in LOGITS_CASES)
+    assert sum(c.spec["training"]["gradient_checkpointing"] for c in LOGITS_CASES) == 1
+    capped, plain = MODELS["gemma-2-2b"], MODELS["gemma-2-2b-nosoftcap"]
+    assert capped["final_logit_softcapping"] == 30.0 and plain["final_logit_softcapping"] is None
+    assert {k: v for k, v in plain.items() if k != "final_logit_softcapping"} == {
+        k: v for k, v in capped.items() if k != "final_logit_softcapping"}
+    for c in LOGITS_CASES:
+        assert planner.plan(c.spec).fits, c.name
+    # soft-capping keeps one more vocabulary-sized bf16 tensor through the loss
+    with_cap = planner.plan(LOGITS_CASES[0].spec).per_gpu.logits_bytes
+    without = planner.plan(LOGITS_CASES[1].spec).per_gpu.logits_bytes
+    assert with_cap - without == 2 * 256000 * 4 * 1024
