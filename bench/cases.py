@@ -706,6 +706,24 @@ def _logits() -> list[Case]:
     ]
 
 
+def _heldout17() -> list[Case]:
+    """Unseen soft-capped configurations for the planner whose slack counts the soft-capped loss's
+    extra block (the logits matrix): other shapes, ZeRO-1, optimizer offload, full fine-tuning,
+    two GPUs, and ZeRO-3, where the block was not seen."""
+    h = "heldout17"
+    return [
+        make_case("gemma-2-2b", "lora", 1, "none", False, 1024, 3, 1, group=h, steps=4),
+        make_case("gemma-2-2b", "lora", 0, "none", False, 4096, 1, 1, group=h, steps=4),
+        make_case("gemma-2-2b", "lora", 0, "none", False, 1024, 1, 1, group=h, steps=4),
+        make_case("gemma-2-9b", "lora", 2, "none", False, 2048, 1, 1, group=h, steps=4),
+        make_case("gemma-2-2b", "full", 0, "none", False, 1024, 2, 1, group=h, steps=4),
+        make_case("gemma-2-2b", "lora", 2, "opt", False, 1024, 4, 1, group=h, steps=4),
+        make_case("gemma-2-2b", "lora", 2, "none", False, 2048, 2, 1, gpus=2, group=h, steps=4),
+        make_case("gemma-2-2b", "lora", 3, "none", False, 2048, 2, 1, gpus=2, group=h, steps=4),
+        make_case("gemma-2-9b", "lora", 3, "none", False, 1024, 2, 1, group=h, steps=4),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -741,6 +759,7 @@ REPEAT_CASES: list[Case] = _repeats()
 HELDOUT16_CASES: list[Case] = _heldout16()
 STEADY_CASES: list[Case] = _steady()
 LOGITS_CASES: list[Case] = _logits()
+HELDOUT17_CASES: list[Case] = _heldout17()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -750,6 +769,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout14": HELDOUT14_CASES, "heldout15": HELDOUT15_CASES,
                                    "heldout16": HELDOUT16_CASES, "repeat": REPEAT_CASES,
                                    "steady": STEADY_CASES, "logits": LOGITS_CASES,
+                                   "heldout17": HELDOUT17_CASES,
                                    "limit": _limit_experiment()}
 
 

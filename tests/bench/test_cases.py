@@ -23,6 +23,7 @@ from bench.cases import (
     HELDOUT14_CASES,
     HELDOUT15_CASES,
     HELDOUT16_CASES,
+    HELDOUT17_CASES,
     HELDOUT_CASES,
     LOGITS_CASES,
     MATRICES,
@@ -144,7 +145,7 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
         "heldout8": HELDOUT8_CASES, "heldout9": HELDOUT9_CASES, "heldout10": HELDOUT10_CASES,
         "heldout11": HELDOUT11_CASES, "heldout12": HELDOUT12_CASES, "heldout13": HELDOUT13_CASES,
         "heldout14": HELDOUT14_CASES, "heldout15": HELDOUT15_CASES, "heldout16": HELDOUT16_CASES,
-        "repeat": REPEAT_CASES, "steady": STEADY_CASES}
+        "heldout17": HELDOUT17_CASES, "repeat": REPEAT_CASES, "steady": STEADY_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
     families = {c.spec["model"]["config"]["model_type"] for c in HELDOUT_CASES}
@@ -159,10 +160,13 @@ def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
     seen = {c.name for c in CASES} | {c.name for c in HELDOUT_CASES}
     for later in (HELDOUT3_CASES, HELDOUT4_CASES, HELDOUT5_CASES, HELDOUT6_CASES, HELDOUT7_CASES,
                   HELDOUT8_CASES, HELDOUT9_CASES, HELDOUT10_CASES, HELDOUT11_CASES,
-                  HELDOUT12_CASES, HELDOUT13_CASES, HELDOUT14_CASES, HELDOUT15_CASES, HELDOUT16_CASES):
+                  HELDOUT12_CASES, HELDOUT13_CASES, HELDOUT14_CASES, HELDOUT15_CASES, HELDOUT16_CASES,
+                  HELDOUT17_CASES):
         names = [c.name for c in later]
         assert len(set(names)) == len(names) and not seen & set(names)
         seen |= set(names)
+        if later is HELDOUT16_CASES:  # the logits matrix came next and repeats one of its cases
+            seen |= {c.name for c in LOGITS_CASES}
         for c in later:
             assert planner.plan(c.spec).fits, c.name
     two_gpu = [c for c in HELDOUT3_CASES if c.num_gpus == 2]
@@ -178,7 +182,7 @@ def test_the_tenth_heldout_matrix_brings_models_no_earlier_matrix_ran() -> None:
     earlier = set().union(*(models(cases) for name, cases in MATRICES.items()
                             if name not in ("heldout10", "heldout11", "heldout12", "heldout13",
                                             "heldout14", "heldout15", "heldout16", "repeat",
-                                            "steady", "logits")))
+                                            "steady", "logits", "heldout17")))
     new = models(HELDOUT10_CASES) - earlier
     assert new == {"gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1"}
     assert new <= set(MODELS)
