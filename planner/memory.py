@@ -664,8 +664,9 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
     vocabulary-sized blocks of the loss, the cached gradient-sized blocks of the largest trainable
     tensor (fewer with the optimizer offloaded: its step's copies live on the host), where ZeRO-3
     fetches parameters (several GPUs or parameter offload) the cached blocks of the fetches (under
-    full fine-tuning) or of the gathered embedding and LM head (under LoRA); and ZeRO-1/2's freed
-    reduce buckets when the step cannot reuse them (see constants.py)."""
+    full fine-tuning) or of the gathered embedding and LM head (under LoRA); ZeRO-1/2's freed
+    reduce buckets when the step cannot reuse them; and the soft-capped loss's extra block
+    (see constants.py)."""
     arch = facts.arch
     fetched = 0.0
     if gathered > 0 and s.method == "full":
@@ -683,7 +684,18 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
         + largest * _FP32 * _largest_trainable(facts)
         + fetched
         + _stranded_buckets(facts, s, w)
+        + _softcapped_loss_block(facts, s)
     )
+
+
+def _softcapped_loss_block(facts: ModelFacts, s: Setup) -> float:
+    """One more fp32 logits-sized block where the logits are soft-capped (Gemma 2) and the forward
+    keeps every layer's activations (no gradient checkpointing): see constants.py,
+    ``ALLOCATOR_SOFTCAP_BLOCKS``."""
+    arch = facts.arch
+    if not arch.final_logit_softcapping or s.gradient_checkpointing:
+        return 0.0
+    return C.ALLOCATOR_SOFTCAP_BLOCKS * _FP32 * arch.vocab_size * s.tokens_per_micro_batch
 
 
 def _stranded_buckets(facts: ModelFacts, s: Setup, w: int) -> float:
