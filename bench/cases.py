@@ -724,6 +724,23 @@ def _heldout17() -> list[Case]:
     ]
 
 
+def _heldout18() -> list[Case]:
+    """Unseen configurations for the planner that counts the soft-capped loss's block at every
+    ZeRO stage: Gemma 2 9B at 4096 tokens and on two GPUs under ZeRO-3, Gemma 2 2B under ZeRO-3
+    at 2048 tokens and at 6144 under ZeRO-1, ZeRO-2 full fine-tuning, and Gemma 7B (a 256k
+    vocabulary without soft-capping) beside them."""
+    h = "heldout18"
+    return [
+        make_case("gemma-2-9b", "lora", 0, "none", False, 2048, 2, 1, group=h, steps=4),
+        make_case("gemma-2-9b", "lora", 3, "none", False, 1024, 2, 1, gpus=2, group=h, steps=4),
+        make_case("gemma-2-2b", "lora", 3, "none", False, 2048, 1, 1, group=h, steps=4),
+        make_case("gemma-2-2b", "lora", 1, "none", False, 2048, 3, 1, group=h, steps=4),
+        make_case("gemma-2-2b", "full", 2, "none", False, 1024, 2, 1, group=h, steps=4),
+        make_case("gemma-7b", "lora", 0, "none", False, 1024, 4, 1, group=h, steps=4),
+        make_case("gemma-7b", "lora", 2, "none", False, 2048, 2, 1, group=h, steps=4),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -760,6 +777,7 @@ HELDOUT16_CASES: list[Case] = _heldout16()
 STEADY_CASES: list[Case] = _steady()
 LOGITS_CASES: list[Case] = _logits()
 HELDOUT17_CASES: list[Case] = _heldout17()
+HELDOUT18_CASES: list[Case] = _heldout18()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -769,7 +787,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout14": HELDOUT14_CASES, "heldout15": HELDOUT15_CASES,
                                    "heldout16": HELDOUT16_CASES, "repeat": REPEAT_CASES,
                                    "steady": STEADY_CASES, "logits": LOGITS_CASES,
-                                   "heldout17": HELDOUT17_CASES,
+                                   "heldout17": HELDOUT17_CASES, "heldout18": HELDOUT18_CASES,
                                    "limit": _limit_experiment()}
 
 
