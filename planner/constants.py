@@ -49,7 +49,8 @@ NCCL_BYTES_PER_GPU = int(0.47 * GIB)
 #: 128k-256k vocabularies, 7.6-7.7 GiB with 32k ones, so its term is in the gathered parameters. The
 #: ZeRO-1/2 reduce buckets are structural, not fitted, and so is what ZeRO-1/2 initialisation
 #: leaves reserved (memory.py's ``_initialization``), a floor under the peak that the slack does
-#: not add to. The six are fitted on all 119 records of bench/results by the smallest median NVML
+#: not add to. The six are fitted on the 119 records of the first twenty files of
+#: CALIBRATION_RESULTS (below) by the smallest median NVML
 #: error with a steep penalty below -2.5%; bench/accuracy.py reports in-sample, leave-one-out and
 #: leave-one-file-out errors. These
 #: blocks are needed, not idle: held to its allocated peak plus a fifth of this slack, PyTorch's
@@ -179,4 +180,7 @@ CALIBRATION_RESULTS = (
     "nvidia-h200-x2-2026-11-30-heldout-13c.jsonl",
     "nvidia-h200-x2-2026-11-30-repeat-a.jsonl",
     "nvidia-h200-x2-2026-11-30-repeat-b.jsonl",
+    # the soft-capped loss block (a count, where it applies): not the six slack constants
+    "nvidia-h200-x2-2026-11-30-logits.jsonl",
+    "nvidia-h200-x2-2026-11-30-heldout-17.jsonl",
 )
