@@ -105,9 +105,10 @@ HOST_SAFETY_FRACTION = 0.10
 # --- speed -----------------------------------------------------------------------------------------
 #: Dense bf16 tensor-core rate of an H200 used when the hardware spec gives none (FLOP/s).
 DEFAULT_GPU_FLOPS = 790e12
-#: The step-time constants below were fitted together on all 96 step times of bench/results
-#: (Nelder-Mead on the squared log error; bench/accuracy.py refits them and reports leave-one-out
-#: and leave-one-file-out errors). A micro-step is max(GPU clock, host clock): see planner/speed.py.
+#: The step-time constants below were fitted together on the 139 step times of the calibration
+#: files (CALIBRATION_RESULTS; Nelder-Mead on the squared log error; bench/accuracy.py refits them
+#: and reports leave-one-out and leave-one-file-out errors). A micro-step is the power mean of its
+#: GPU and host clocks (``CLOCK_OVERLAP``): see planner/speed.py.
 #: The host the host-clock constants below describe: the time of one small module call through
 #: two Python hooks on the training device (bench/measure.py's host probe, ``hooked_module_us``).
 #: The probe read 15.8-32.7 us on the same kind of H200 box in six device sessions, whose step
@@ -118,31 +119,42 @@ HOST_HOOK_REFERENCE_US = 20.6
 #: The host-clock factors a plan accepts (hardware.host_clock_factor) and a probe may yield.
 HOST_CLOCK_FACTOR_BOUNDS = (0.05, 50.0)
 #: Model FLOPs utilisation of the matmuls (the GPU clock: FLOPs / (rate x MFU)).
-MFU = 0.48
+MFU = 0.578
 #: The smallest matmul dimension at which matmuls reach half of MFU. 0: on the H200 data a
 #: size-dependent efficiency was not separable from the host clock, which bounds small shapes.
 MATMUL_HALF_EFFICIENCY_DIM = 0
 #: Host clock: one decoder layer in one pass (forward, backward or recomputation): kernel
 #: launches, HF's Python, checkpointing's bookkeeping. It overlaps the GPU's work, so it sets the
 #: pace of small models only (a 7B LoRA step is FLOP-bound).
-LAYER_PASS_OVERHEAD_S = 2.9e-3
+LAYER_PASS_OVERHEAD_S = 1.44e-3
 #: Host clock: ZeRO-3's fetch/release hooks per pass, for a module whose parameters are gathered
 #: (above ``stage3_param_persistence_threshold``) and for any other hooked module (norms, small
 #: LoRA adapters and peft's ModuleDicts), which costs only the hook's Python.
-ZERO3_FETCH_PASS_OVERHEAD_S = 0.49e-3
+ZERO3_FETCH_PASS_OVERHEAD_S = 0.52e-3
 ZERO3_HOOK_PASS_OVERHEAD_S = 0.30e-3
 #: Host clock, ZeRO-3 over several GPUs: the latency of each gathered module's all-gather beyond
 #: its bytes (the NVLink term).
-ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.20e-3
+ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.23e-3
 #: GPU optimizer step per parameter a GPU updates (DeepSpeed's bf16 optimizer: fp32 master,
 #: gradient clipping, the fused AdamW, the copy back to bf16).
-GPU_OPTIMIZER_SECONDS_PER_PARAM = 2.4e-11
+GPU_OPTIMIZER_SECONDS_PER_PARAM = 6.0e-12
 #: Optimizer offload: host CPU seconds per parameter updated, summed over the ranks, which share
 #: the host's cores (the DeepSpeedCPUAdam update and DeepSpeed's bookkeeping; the PCIe terms come
 #: on top). ZeRO-3's offload path moves gradients parameter by parameter and costs more than
 #: ZeRO-1/2's flat-buffer path.
-CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.50e-9
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.48e-9
 CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.31e-9
+#: How the GPU and host clocks of a micro-step combine: their power mean
+#: (gpu^(1/q) + host^(1/q))^q, the larger as q -> 0, their sum at q = 1 (planner/speed.py). Where
+#: the two are close the step took longer than either: Gemma 2 2B, Llama 3.2 1B and Qwen2.5-1.5B
+#: LoRA at ZeRO-0, whose two clocks were planned within 5% of each other, ran 1.4-2.1x the larger.
+CLOCK_OVERLAP = 0.63
+#: The optimizer step's host cost per trainable tensor (scaled by the host clock): DeepSpeed's
+#: walk over the parameters (gradient norms for clipping, overflow checks, the copies back to the
+#: model). Timed phase by phase (``measured.phase_seconds``), LoRA's optimizer step took 0.03-0.06 s
+#: on one GPU for 208-288 adapter tensors of a few million parameters, 0.09-0.16 s under ZeRO-3 on
+#: two GPUs, where the per-parameter terms count almost nothing.
+OPTIMIZER_STEP_TENSOR_SECONDS = 3.3e-4
 #: Effective host<->GPU copy rate of pinned memory over PCIe Gen5 x16 (bytes/s).
 PCIE_BYTES_PER_S = 25e9
 #: Effective NVLink collective (bus) bandwidth between the GPUs of one H200 box (bytes/s).

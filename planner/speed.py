@@ -5,12 +5,17 @@ lookup not) plus causal attention, 2·seq·q_dim per layer; backward costs twice
 fine-tuning and once for frozen weights (LoRA computes input gradients only); recomputation under
 gradient checkpointing adds one more forward.
 
-A micro-step takes the longer of two clocks: the GPU's (FLOPs at the GPU's rate × MFU) and the
-host's (Python, kernel launches and ZeRO-3's fetch/release hooks per module, plus the
-all-gather/reduce-scatter synchronisation of each module when ZeRO-3 spans several GPUs). The host
-queues kernels ahead of the GPU, so the two overlap: a small model is bound by the host, a large
-one by its FLOPs. Offload adds PCIe traffic and CPU optimizer time; ZeRO adds collectives over
-NVLink, overlapped with compute when ``overlap_comm`` is on.
+A micro-step takes two clocks: the GPU's (FLOPs at the GPU's rate × MFU) and the host's (Python,
+kernel launches and ZeRO-3's fetch/release hooks per module, plus the all-gather/reduce-scatter
+synchronisation of each module when ZeRO-3 spans several GPUs). The host queues kernels ahead of
+the GPU, so the two overlap: a small model is bound by the host, a large one by its FLOPs. They
+overlap imperfectly where they are close (each layer's pass is bound by one or the other, and the
+host waits at every synchronisation), so the micro-step is their power mean
+``(gpu^(1/q) + host^(1/q))^q`` rather than the larger: q → 0 is the larger, 1 their sum. The
+optimizer step adds, besides its per-parameter work, a host cost per trainable tensor (DeepSpeed's
+per-parameter bookkeeping, gradient clipping's norms, the copies back to the model). Offload adds
+PCIe traffic and CPU optimizer time; ZeRO adds collectives over NVLink, overlapped with compute
+when ``overlap_comm`` is on.
 
 ``step_terms`` reduces a configuration to the quantities the constants multiply, so
 ``bench/accuracy.py`` can refit and cross-validate the constants without re-planning.
@@ -32,6 +37,7 @@ __all__ = [
     "StepTerms",
     "estimate_speed",
     "host_clock_factor",
+    "overlapped",
     "step_seconds",
     "step_terms",
 ]
@@ -82,6 +88,8 @@ class SpeedConstants:
     gpu_optimizer_s_per_param: float = C.GPU_OPTIMIZER_SECONDS_PER_PARAM
     cpu_optimizer_s_per_param_zero3: float = C.CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3
     cpu_optimizer_s_per_param_zero12: float = C.CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12
+    clock_overlap: float = C.CLOCK_OVERLAP
+    step_tensor_s: float = C.OPTIMIZER_STEP_TENSOR_SECONDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +106,7 @@ class StepTerms:
     micro_offload_seconds: float  # PCIe/NVMe traffic of one micro-step
     overlap: bool  # collectives and offload traffic hide behind compute
     gpu_optimizer_params: float  # parameters one GPU updates on the GPU
+    trainable_tensors: int  # parameter tensors the optimizer step walks, LoRA's A and B each one
     cpu_optimizer_params: float  # parameters all ranks update on the host's CPUs (they share its cores)
     cpu_optimizer_zero3: bool  # that CPU step runs through ZeRO-3's offload path
     step_offload_seconds: float  # PCIe and NVMe traffic of the optimizer step
@@ -213,6 +222,11 @@ def _offload(facts: ModelFacts, s: Setup, rates: GpuRates, w: int) -> tuple[floa
 _FP32_STATE = 8  # fp32 master + fp32 gradient per parameter, swapped with the moments
 
 
+@lru_cache(maxsize=1024)
+def _trainable_tensors(facts: ModelFacts) -> int:
+    return sum(t.copies for t in facts.tensors if t.trainable)
+
+
 def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     w = weight_bytes(s.precision)
     gpu, flops = _gpu_seconds(facts, s, rates)
@@ -235,6 +249,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         micro_offload_seconds=off_micro,
         overlap=s.knobs.overlap_comm,
         gpu_optimizer_params=0.0 if on_cpu else part,
+        trainable_tensors=_trainable_tensors(facts),
         # every rank's DeepSpeedCPUAdam runs OpenMP threads over the same cores: the host's CPU step
         # takes as long as updating all ranks' partitions at the host's rate
         cpu_optimizer_params=facts.trainable_parameters if on_cpu else 0.0,
@@ -247,19 +262,34 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     )
 
 
+def overlapped(gpu: float, host: float, q: float) -> float:
+    """The two clocks' power mean ``(gpu^(1/q) + host^(1/q))^q``: the larger as q → 0, their sum
+    at q = 1 (computed on their ratios to the larger, so a small q cannot overflow)."""
+    top = max(gpu, host)
+    if top <= 0 or q <= 0:
+        return top
+    mean: float = ((gpu / top) ** (1 / q) + (host / top) ** (1 / q)) ** q
+    return top * mean
+
+
 def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
-    """(compute per micro-step, optimizer per step, CPU optimizer per step) seconds."""
+    """(compute per micro-step, optimizer per step (the GPU's update and the host's walk over the
+    trainable tensors), CPU optimizer per step) seconds."""
     host = t.host_clock_factor * (
         t.layer_passes * k.layer_pass_s
         + t.zero3_fetch_passes * k.zero3_fetch_pass_s
         + t.zero3_hook_passes * k.zero3_hook_pass_s
         + t.zero3_collective_passes * k.zero3_collective_pass_s
     )
-    compute = max(t.gpu_seconds_at_full_rate / k.mfu, host)
+    compute = overlapped(t.gpu_seconds_at_full_rate / k.mfu, host, k.clock_overlap)
     cpu_rate = (
         k.cpu_optimizer_s_per_param_zero3 if t.cpu_optimizer_zero3 else k.cpu_optimizer_s_per_param_zero12
     )
-    return compute, t.gpu_optimizer_params * k.gpu_optimizer_s_per_param, t.cpu_optimizer_params * cpu_rate
+    optimizer = (
+        t.gpu_optimizer_params * k.gpu_optimizer_s_per_param
+        + t.host_clock_factor * t.trainable_tensors * k.step_tensor_s
+    )
+    return compute, optimizer, t.cpu_optimizer_params * cpu_rate
 
 
 def step_seconds(t: StepTerms, k: SpeedConstants) -> float:
