@@ -741,6 +741,26 @@ def _heldout18() -> list[Case]:
     ]
 
 
+def _heldout19() -> list[Case]:
+    """Unseen configurations over ten steps for the planner with the power mean of the two clocks
+    and the optimizer step's walk over the trainable tensors (9e9aa22): LoRA at ZeRO-0 to -3 on
+    one and two GPUs whose clocks the plan puts close together, full fine-tuning under ZeRO-2 and
+    ZeRO-3 with optimizer offload on two GPUs, and LoRA with optimizer offload."""
+    h = "heldout19"
+    return [
+        make_case("llama-3.2-3b", "lora", 0, "none", False, 1024, 4, 1, group=h, steps=10),
+        make_case("qwen2.5-0.5b", "lora", 0, "none", False, 2048, 4, 1, group=h, steps=10),
+        make_case("mistral-7b-v0.3", "lora", 2, "none", False, 1024, 2, 1, group=h, steps=10),
+        make_case("qwen2.5-3b", "lora", 1, "none", True, 2048, 4, 1, group=h, steps=10),
+        make_case("gemma-2-2b", "lora", 1, "none", True, 2048, 2, 1, group=h, steps=10),
+        make_case("llama-3.1-8b", "lora", 0, "none", False, 1024, 2, 1, group=h, steps=10),
+        make_case("qwen2.5-3b", "full", 2, "none", True, 1024, 2, 1, gpus=2, group=h, steps=10),
+        make_case("llama-3.2-1b", "lora", 3, "none", True, 2048, 4, 1, gpus=2, group=h, steps=10),
+        make_case("qwen2.5-7b", "lora", 2, "opt", True, 2048, 2, 1, group=h, steps=10),
+        make_case("qwen2.5-1.5b", "full", 3, "opt", True, 2048, 2, 1, gpus=2, group=h, steps=10),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -778,6 +798,7 @@ STEADY_CASES: list[Case] = _steady()
 LOGITS_CASES: list[Case] = _logits()
 HELDOUT17_CASES: list[Case] = _heldout17()
 HELDOUT18_CASES: list[Case] = _heldout18()
+HELDOUT19_CASES: list[Case] = _heldout19()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -788,6 +809,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout16": HELDOUT16_CASES, "repeat": REPEAT_CASES,
                                    "steady": STEADY_CASES, "logits": LOGITS_CASES,
                                    "heldout17": HELDOUT17_CASES, "heldout18": HELDOUT18_CASES,
+                                   "heldout19": HELDOUT19_CASES,
                                    "limit": _limit_experiment()}
 
 
