@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from planner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,3 +146,22 @@ def test_ten_step_records_report_their_spread_and_the_step_time_per_host_reading
         "- planned against measured, with no probe (the calibration host)"]
     # the case's probe reads the calibration host's 20.6 us (factor 1): the same plan as no probe
     assert lines[2].split(": ", 1)[1] == lines[4].split(": ", 1)[1]
+
+
+def test_the_step_time_fit_keeps_every_constant_finite_and_near_the_planners() -> None:
+    """A small file's fit leaves constants its records do not exercise free to drift: they stay
+    within e^20 of planner/constants.py instead of overflowing."""
+    import math
+
+    accuracy = _accuracy()
+    current = accuracy.SpeedConstants()
+    wild = accuracy._speed_constants([1e6] * len(accuracy._SPEED_FIELDS))
+    tiny = accuracy._speed_constants([-1e6] * len(accuracy._SPEED_FIELDS))
+    for name in accuracy._SPEED_FIELDS:
+        ratio = getattr(wild, name) / getattr(current, name)
+        assert math.isfinite(ratio) and ratio == pytest.approx(math.exp(20), rel=1e-6), name
+        assert getattr(tiny, name) / getattr(current, name) == pytest.approx(math.exp(-20), rel=1e-6), name
+    start = [math.log(getattr(current, name)) for name in accuracy._SPEED_FIELDS]
+    back = accuracy._speed_constants(start)
+    assert [getattr(back, n) for n in accuracy._SPEED_FIELDS] == pytest.approx(
+        [getattr(current, n) for n in accuracy._SPEED_FIELDS], rel=1e-9)
