@@ -1205,6 +1205,15 @@ HISTORY = [
     "probes median 15.6%, -28.2%/+41.4%, 6 of 10 within ±25% (with the run's probe 14.8%, 9 of "
     "10; with none 14.9%, 9 of 10). The planner before the step-time change (5b400c9) read 31.3% "
     "and 4 of 10 with the cases' probes, 13.1% and 8 with the run's, 16.9% and 8 with none.",
+    "- 2026-11-30: the collectives and offload traffic that `overlap_comm` runs beside the compute "
+    "join the clocks' power mean instead of hiding behind the longest: Qwen2.5-7B LoRA with "
+    "parameter offload on two GPUs had spent 2.17 s in forward and backward against a 1.45 s host "
+    "clock and 0.92 s of parameter traffic, and LoRA with ZeRO-3 parameter offload on two GPUs was "
+    "the group missed most often (12 of 19 within ±25%). Refitted on the 139 calibration step "
+    "times (q 0.70, MFU 0.606): median |error| 12.0% in sample, 13.2% leave-one-file-out, 109 of "
+    "139 within ±25% (the clocks' mean alone: 13.4%, 14.9%, 105); on the 53 records no fit saw, "
+    "heldout19 among them, 12.3% and 41 of 53 (14.8% and 40). heldout19 alone: 15.5% with the "
+    "cases' probes, 6 of 10 within ±25%; 11.9% and 9 of 10 with the run's probe.",
 ]
 
 

@@ -119,42 +119,45 @@ HOST_HOOK_REFERENCE_US = 20.6
 #: The host-clock factors a plan accepts (hardware.host_clock_factor) and a probe may yield.
 HOST_CLOCK_FACTOR_BOUNDS = (0.05, 50.0)
 #: Model FLOPs utilisation of the matmuls (the GPU clock: FLOPs / (rate x MFU)).
-MFU = 0.578
+MFU = 0.606
 #: The smallest matmul dimension at which matmuls reach half of MFU. 0: on the H200 data a
 #: size-dependent efficiency was not separable from the host clock, which bounds small shapes.
 MATMUL_HALF_EFFICIENCY_DIM = 0
 #: Host clock: one decoder layer in one pass (forward, backward or recomputation): kernel
 #: launches, HF's Python, checkpointing's bookkeeping. It overlaps the GPU's work, so it sets the
 #: pace of small models only (a 7B LoRA step is FLOP-bound).
-LAYER_PASS_OVERHEAD_S = 1.44e-3
+LAYER_PASS_OVERHEAD_S = 1.43e-3
 #: Host clock: ZeRO-3's fetch/release hooks per pass, for a module whose parameters are gathered
 #: (above ``stage3_param_persistence_threshold``) and for any other hooked module (norms, small
 #: LoRA adapters and peft's ModuleDicts), which costs only the hook's Python.
-ZERO3_FETCH_PASS_OVERHEAD_S = 0.52e-3
-ZERO3_HOOK_PASS_OVERHEAD_S = 0.30e-3
+ZERO3_FETCH_PASS_OVERHEAD_S = 0.61e-3
+ZERO3_HOOK_PASS_OVERHEAD_S = 0.24e-3
 #: Host clock, ZeRO-3 over several GPUs: the latency of each gathered module's all-gather beyond
 #: its bytes (the NVLink term).
-ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.23e-3
+ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.13e-3
 #: GPU optimizer step per parameter a GPU updates (DeepSpeed's bf16 optimizer: fp32 master,
 #: gradient clipping, the fused AdamW, the copy back to bf16).
-GPU_OPTIMIZER_SECONDS_PER_PARAM = 6.0e-12
+GPU_OPTIMIZER_SECONDS_PER_PARAM = 5.6e-12
 #: Optimizer offload: host CPU seconds per parameter updated, summed over the ranks, which share
 #: the host's cores (the DeepSpeedCPUAdam update and DeepSpeed's bookkeeping; the PCIe terms come
 #: on top). ZeRO-3's offload path moves gradients parameter by parameter and costs more than
 #: ZeRO-1/2's flat-buffer path.
-CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.48e-9
-CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.31e-9
-#: How the GPU and host clocks of a micro-step combine: their power mean
-#: (gpu^(1/q) + host^(1/q))^q, the larger as q -> 0, their sum at q = 1 (planner/speed.py). Where
-#: the two are close the step took longer than either: Gemma 2 2B, Llama 3.2 1B and Qwen2.5-1.5B
-#: LoRA at ZeRO-0, whose two clocks were planned within 5% of each other, ran 1.4-2.1x the larger.
-CLOCK_OVERLAP = 0.63
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.47e-9
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.30e-9
+#: How the GPU and host clocks of a micro-step combine, and with them the collectives and offload
+#: traffic ``overlap_comm`` runs beside the compute: their power mean (sum of t^(1/q))^q, the
+#: longest as q -> 0, their sum at q = 1 (planner/speed.py). Where the two clocks are close the
+#: step took longer than either: Gemma 2 2B, Llama 3.2 1B and Qwen2.5-1.5B LoRA at ZeRO-0, whose
+#: two clocks were planned within 5% of each other, ran 1.4-2.1x the larger; Qwen2.5-7B LoRA with
+#: parameter offload on two GPUs spent 2.17 s in forward and backward against its 1.45 s host clock
+#: and 0.92 s of parameter traffic.
+CLOCK_OVERLAP = 0.70
 #: The optimizer step's host cost per trainable tensor (scaled by the host clock): DeepSpeed's
 #: walk over the parameters (gradient norms for clipping, overflow checks, the copies back to the
 #: model). Timed phase by phase (``measured.phase_seconds``), LoRA's optimizer step took 0.03-0.06 s
 #: on one GPU for 208-288 adapter tensors of a few million parameters, 0.09-0.16 s under ZeRO-3 on
 #: two GPUs, where the per-parameter terms count almost nothing.
-OPTIMIZER_STEP_TENSOR_SECONDS = 3.3e-4
+OPTIMIZER_STEP_TENSOR_SECONDS = 3.2e-4
 #: Effective host<->GPU copy rate of pinned memory over PCIe Gen5 x16 (bytes/s).
 PCIE_BYTES_PER_S = 25e9
 #: Effective NVLink collective (bus) bandwidth between the GPUs of one H200 box (bytes/s).

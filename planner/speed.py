@@ -11,11 +11,11 @@ synchronisation of each module when ZeRO-3 spans several GPUs). The host queues 
 the GPU, so the two overlap: a small model is bound by the host, a large one by its FLOPs. They
 overlap imperfectly where they are close (each layer's pass is bound by one or the other, and the
 host waits at every synchronisation), so the micro-step is their power mean
-``(gpu^(1/q) + host^(1/q))^q`` rather than the larger: q → 0 is the larger, 1 their sum. The
+``(gpu^(1/q) + host^(1/q))^q`` rather than the larger: q → 0 is the larger, 1 their sum; the
+collectives and offload traffic that ``overlap_comm`` runs beside the compute join the same mean. The
 optimizer step adds, besides its per-parameter work, a host cost per trainable tensor (DeepSpeed's
 per-parameter bookkeeping, gradient clipping's norms, the copies back to the model). Offload adds
-PCIe traffic and CPU optimizer time; ZeRO adds collectives over NVLink, overlapped with compute
-when ``overlap_comm`` is on.
+PCIe traffic and CPU optimizer time; ZeRO adds collectives over NVLink.
 
 ``step_terms`` reduces a configuration to the quantities the constants multiply, so
 ``bench/accuracy.py`` can refit and cross-validate the constants without re-planning.
@@ -262,13 +262,14 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     )
 
 
-def overlapped(gpu: float, host: float, q: float) -> float:
-    """The two clocks' power mean ``(gpu^(1/q) + host^(1/q))^q``: the larger as q → 0, their sum
-    at q = 1 (computed on their ratios to the larger, so a small q cannot overflow)."""
-    top = max(gpu, host)
+def overlapped(q: float, *seconds: float) -> float:
+    """What work running side by side takes: the power mean ``(sum of t^(1/q))^q`` of the times,
+    the longest as q → 0, their sum at q = 1 (computed on their ratios to the longest, so a small
+    q cannot overflow)."""
+    top = max(seconds)
     if top <= 0 or q <= 0:
         return top
-    mean: float = ((gpu / top) ** (1 / q) + (host / top) ** (1 / q)) ** q
+    mean: float = sum((t / top) ** (1 / q) for t in seconds) ** q
     return top * mean
 
 
@@ -281,7 +282,7 @@ def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
         + t.zero3_hook_passes * k.zero3_hook_pass_s
         + t.zero3_collective_passes * k.zero3_collective_pass_s
     )
-    compute = overlapped(t.gpu_seconds_at_full_rate / k.mfu, host, k.clock_overlap)
+    compute = overlapped(k.clock_overlap, t.gpu_seconds_at_full_rate / k.mfu, host)
     cpu_rate = (
         k.cpu_optimizer_s_per_param_zero3 if t.cpu_optimizer_zero3 else k.cpu_optimizer_s_per_param_zero12
     )
@@ -295,7 +296,7 @@ def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
 def step_seconds(t: StepTerms, k: SpeedConstants) -> float:
     compute, gpu_opt, cpu_opt = _parts(t, k)
     c, o = t.micro_comm_seconds, t.micro_offload_seconds
-    micro = max(compute, c, o) if t.overlap else compute + c + o
+    micro = overlapped(k.clock_overlap, compute, c, o) if t.overlap else compute + c + o
     return t.accumulation * micro + gpu_opt + cpu_opt + t.step_offload_seconds + t.step_comm_seconds
 
 

@@ -388,13 +388,15 @@ def test_host_clock_factor_scales_the_host_clock_of_a_step_not_its_gpu_clock() -
 def test_close_clocks_take_longer_than_either_and_never_longer_than_both() -> None:
     from planner.speed import overlapped
 
-    assert overlapped(1.0, 0.0, 0.63) == 1.0
-    assert overlapped(0.2, 3.0, 1e-9) == 3.0  # q -> 0: the larger clock
-    assert overlapped(0.2, 3.0, 1.0) == pytest.approx(3.2)  # q = 1: one after the other
-    even = overlapped(1.0, 1.0, 0.63)
-    assert even == pytest.approx(2**0.63) and overlapped(0.5, 1.0, 0.63) == overlapped(1.0, 0.5, 0.63)
-    assert 1.0 < overlapped(1.0, 0.1, 0.63) < 1.02 < overlapped(1.0, 0.5, 0.63) < even
-    assert overlapped(1e6, 2e6, 1e-4) == 2e6  # no overflow however small q
+    assert overlapped(0.63, 1.0, 0.0) == 1.0
+    assert overlapped(1e-9, 0.2, 3.0) == 3.0  # q -> 0: the longest
+    assert overlapped(1.0, 0.2, 3.0) == pytest.approx(3.2)  # q = 1: one after the other
+    assert overlapped(1.0, 0.2, 3.0, 0.5) == pytest.approx(3.7)
+    even = overlapped(0.63, 1.0, 1.0)
+    assert even == pytest.approx(2**0.63) and overlapped(0.63, 0.5, 1.0) == overlapped(0.63, 1.0, 0.5)
+    assert 1.0 < overlapped(0.63, 1.0, 0.1) < 1.02 < overlapped(0.63, 1.0, 0.5) < even
+    assert overlapped(0.63, 1.0, 1.0, 1.0) == pytest.approx(3**0.63)
+    assert overlapped(1e-4, 1e6, 2e6) == 2e6  # no overflow however small q
 
 
 def test_the_optimizer_step_walks_every_trainable_tensor_on_the_host() -> None:
