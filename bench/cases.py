@@ -761,6 +761,21 @@ def _heldout19() -> list[Case]:
     ]
 
 
+def _heldout20() -> list[Case]:
+    """Unseen configurations over ten steps for the planner whose power mean takes in the
+    collectives and offload traffic (6257a76): LoRA with ZeRO-3 parameter offload on two GPUs,
+    ZeRO-0, -1 and -3 LoRA and ZeRO-2 full fine-tuning on one."""
+    h = "heldout20"
+    return [
+        make_case("qwen2.5-1.5b", "lora", 3, "opt+param", True, 4096, 1, 1, gpus=2, group=h, steps=10),
+        make_case("llama-3.2-3b", "lora", 3, "opt+param", True, 1024, 2, 1, gpus=2, group=h, steps=10),
+        make_case("mistral-7b-v0.3", "lora", 0, "none", True, 2048, 2, 1, group=h, steps=10),
+        make_case("qwen2.5-0.5b", "full", 2, "none", False, 1024, 4, 1, group=h, steps=10),
+        make_case("llama-3.2-1b", "lora", 1, "none", False, 1024, 2, 1, group=h, steps=10),
+        make_case("qwen2.5-3b", "lora", 3, "none", True, 1024, 4, 1, group=h, steps=10),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -799,6 +814,7 @@ LOGITS_CASES: list[Case] = _logits()
 HELDOUT17_CASES: list[Case] = _heldout17()
 HELDOUT18_CASES: list[Case] = _heldout18()
 HELDOUT19_CASES: list[Case] = _heldout19()
+HELDOUT20_CASES: list[Case] = _heldout20()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -809,7 +825,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout16": HELDOUT16_CASES, "repeat": REPEAT_CASES,
                                    "steady": STEADY_CASES, "logits": LOGITS_CASES,
                                    "heldout17": HELDOUT17_CASES, "heldout18": HELDOUT18_CASES,
-                                   "heldout19": HELDOUT19_CASES,
+                                   "heldout19": HELDOUT19_CASES, "heldout20": HELDOUT20_CASES,
                                    "limit": _limit_experiment()}
 
 
