@@ -1214,6 +1214,14 @@ HISTORY = [
     "139 within ±25% (the clocks' mean alone: 13.4%, 14.9%, 105); on the 53 records no fit saw, "
     "heldout19 among them, 12.3% and 41 of 53 (14.8% and 40). heldout19 alone: 15.5% with the "
     "cases' probes, 6 of 10 within ±25%; 11.9% and 9 of 10 with the run's probe.",
+    "- 2026-11-30: that planner (6257a76) against six more unseen configurations over ten steps "
+    "(`nvidia-h200-x2-2026-11-30-heldout-20.jsonl`, held out: LoRA with ZeRO-3 parameter offload of "
+    "Qwen2.5-1.5B and Llama 3.2 3B on two GPUs, Mistral 7B ZeRO-0 and Qwen2.5-3B ZeRO-3 LoRA, "
+    "Llama 3.2 1B ZeRO-1 LoRA and Qwen2.5-0.5B ZeRO-2 full fine-tuning; run probe 16.1 us, the "
+    "cases' own 15.9-25.0): GPU peak median |error| 4.0%, worst under-estimate +0.0%, worst "
+    "over-estimate +10.1%; torch allocated median 0.9%, -2.5%/+0.0%; host RSS of the two offload "
+    "cases -0.7% and +0.0%; step time with the cases' own probes median 13.5%, -21.7%/+31.7%, 5 of "
+    "6 within ±25% (with the run's probe 17.6%, 4 of 6; with none 13.0%, 6 of 6).",
 ]
 
 
