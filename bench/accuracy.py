@@ -874,13 +874,14 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         *cross_validation(rows),
         "",
         "## Cross-validation of the step-time fit",
-        "A micro-step is the longer of the GPU clock (FLOPs / (rate x MFU)) and the host clock "
-        "(per-layer costs, ZeRO-3's per-module hook costs, a gathered module's collective latency "
-        "over several GPUs, times the host-clock factor where the run probed its host); "
-        "the optimizer step adds per-parameter GPU or CPU time and the PCIe/NVLink bytes "
-        "(planner/speed.py). Eight constants are fitted; each record is predicted by constants fitted "
-        "on all records, by constants fitted without it, and by constants fitted without its results "
-        "file:",
+        "A micro-step is the power mean (sum of t^(1/q))^q of the GPU clock (FLOPs / (rate x MFU)), "
+        "the host clock (per-layer costs, ZeRO-3's per-module hook costs, a gathered module's "
+        "collective latency over several GPUs, times the host-clock factor where the run probed its "
+        "host) and, with overlap_comm, the collectives and offload traffic; the optimizer step adds "
+        "per-parameter GPU or CPU time, a host walk over the trainable tensors and the PCIe/NVLink "
+        "bytes (planner/speed.py). Ten constants are fitted; each record is predicted by constants "
+        "fitted on all records, by constants fitted without it, and by constants fitted without its "
+        "results file:",
         *speed_cross_validation(rows),
         "",
         "## Repeated configurations",
