@@ -156,7 +156,8 @@ CLOCK_OVERLAP = 0.70
 #: walk over the parameters (gradient norms for clipping, overflow checks, the copies back to the
 #: model). Timed phase by phase (``measured.phase_seconds``), LoRA's optimizer step took 0.03-0.06 s
 #: on one GPU for 208-288 adapter tensors of a few million parameters, 0.09-0.16 s under ZeRO-3 on
-#: two GPUs, where the per-parameter terms count almost nothing.
+#: two GPUs, where the per-parameter terms count almost nothing. Fitted with the other step-time
+#: constants (0.067 s for 208 tensors on the reference host).
 OPTIMIZER_STEP_TENSOR_SECONDS = 3.2e-4
 #: Effective host<->GPU copy rate of pinned memory over PCIe Gen5 x16 (bytes/s).
 PCIE_BYTES_PER_S = 25e9
