@@ -74,8 +74,10 @@ ALLOCATOR_VOCABULARY_BLOCKS = 4.25
 #: under-estimate. Llama 3.2 1B and Qwen2.5-1.5B, whose logits are as large and not soft-capped,
 #: cached no such block, nor did the soft-capped model with gradient checkpointing.
 ALLOCATOR_SOFTCAP_BLOCKS = 1.0
-#: Evaluation (generation, no optimizer): slack as a share of the allocated peak. Not measured:
-#: no record covers evaluation yet.
+#: Evaluation (generation, no optimizer): slack as a share of the allocated peak. Not fitted: no
+#: benchmark record covers evaluation. The two evaluations of the whole service on an H200
+#: (docs/service-gpu.md, run b) peaked at 4.65 and 2.49 GiB under NVML against 4.57 and 2.36
+#: planned (-1.7%, -5.2%).
 EVAL_ALLOCATOR_SLACK_FRACTION = 0.10
 
 # --- host memory ---------------------------------------------------------------------------------
