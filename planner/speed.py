@@ -104,7 +104,7 @@ class StepTerms:
     zero3_collective_passes: int  # the gathering passes, when ZeRO-3 spans several GPUs
     micro_comm_seconds: float  # collectives of one micro-step
     micro_offload_seconds: float  # PCIe/NVMe traffic of one micro-step
-    overlap: bool  # collectives and offload traffic hide behind compute
+    overlap: bool  # collectives and offload traffic run beside the compute (their power mean)
     gpu_optimizer_params: float  # parameters one GPU updates on the GPU
     trainable_tensors: int  # parameter tensors the optimizer step walks, LoRA's A and B each one
     cpu_optimizer_params: float  # parameters all ranks update on the host's CPUs (they share its cores)
