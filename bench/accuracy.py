@@ -19,6 +19,7 @@ import statistics
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -577,9 +578,15 @@ def speed_cases(rows: Sequence[Row]) -> list[SpeedCase]:
 _SPEED_LOG_RANGE = 20.0
 
 
+@lru_cache(maxsize=1)
+def _speed_start() -> tuple[float, ...]:
+    """planner/constants.py's step-time constants in log space: where the fit starts, and the
+    centre of the range it may move in."""
+    return tuple(math.log(max(getattr(SpeedConstants(), name), 1e-12)) for name in _SPEED_FIELDS)
+
+
 def _speed_constants(x: Sequence[float]) -> SpeedConstants:
-    start = [math.log(max(getattr(SpeedConstants(), name), 1e-12)) for name in _SPEED_FIELDS]
-    low_high = ((s - _SPEED_LOG_RANGE, s + _SPEED_LOG_RANGE) for s in start)
+    low_high = ((s - _SPEED_LOG_RANGE, s + _SPEED_LOG_RANGE) for s in _speed_start())
     return SpeedConstants(*(math.exp(min(max(v, lo), hi)) for v, (lo, hi) in zip(x, low_high, strict=True)))
 
 
@@ -621,7 +628,7 @@ def _nelder_mead(f: Any, x0: list[float], iters: int) -> list[float]:
 def fit_speed(cases: Sequence[SpeedCase]) -> SpeedConstants:
     """The step-time constants minimising the squared log error (Nelder-Mead in log space, so
     every constant stays positive), started from planner/constants.py and restarted twice."""
-    x = [math.log(max(getattr(SpeedConstants(), name), 1e-12)) for name in _SPEED_FIELDS]  # log space
+    x = list(_speed_start())
     for _ in range(3):
         x = _nelder_mead(lambda v: _speed_loss(v, cases), x, 1500)
     return _speed_constants(x)
