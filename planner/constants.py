@@ -67,12 +67,13 @@ ALLOCATOR_VOCABULARY_BLOCKS = 4.25
 #: ``heldout17``): Gemma 2 2B LoRA without checkpointing at 4096 tokens a micro-batch cached
 #: 6.3 GiB above its allocated peak under ZeRO-0, ZeRO-2 (one GPU, two, optimizer offload) and at
 #: sequence 4096, the same config with the soft-capping switched off 2.4 GiB: the difference is one
-#: 3.9 GiB fp32 logits block. At 2048-3072 tokens 0.7-0.8 of a block more than the slack without
-#: it (Gemma 2 9B at ZeRO-0, -2 and -3 alike), at 1024 tokens none. Under ZeRO-3 Gemma 2 2B cached
-#: none (one and two GPUs, +0.1% and +6.0% with it counted, 4096 tokens), Gemma 2 9B a whole one
-#: (-3.7% without it): the planner counts the block at every stage rather than risk the
-#: under-estimate. Llama 3.2 1B and Qwen2.5-1.5B, whose logits are as large and not soft-capped,
-#: cached no such block, nor did the soft-capped model with gradient checkpointing.
+#: 3.9 GiB fp32 logits block. At 2048-3072 tokens 0.65-0.85 of a block more than the slack without
+#: it (Gemma 2 9B at ZeRO-0 and -2 alike), at 1024 tokens none. Under ZeRO-3 Gemma 2 2B cached
+#: none (one and two GPUs, 4096 tokens: +0.1% and +6.0% without the block, +9.6% and +15.0% with
+#: it), Gemma 2 9B at 2048 tokens a whole one (-3.7% without it): the planner counts the block at
+#: every stage rather than risk the under-estimate. Llama 3.2 1B and Qwen2.5-1.5B, whose logits
+#: are as large and not soft-capped, cached no such block, nor did the soft-capped model with
+#: gradient checkpointing.
 ALLOCATOR_SOFTCAP_BLOCKS = 1.0
 #: Evaluation (generation, no optimizer): slack as a share of the allocated peak. Not fitted: no
 #: benchmark record covers evaluation. The two evaluations of the whole service on an H200
