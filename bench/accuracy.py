@@ -30,7 +30,14 @@ from planner import Plan, PlanError, plan  # noqa: E402
 from planner import constants as C  # noqa: E402
 from planner.core import attention_for, prepare  # noqa: E402
 from planner.setup import Setup  # noqa: E402
-from planner.speed import SpeedConstants, StepTerms, host_clock_factor, step_seconds, step_terms  # noqa: E402
+from planner.speed import (  # noqa: E402
+    SpeedConstants,
+    StepTerms,
+    host_clock_factor,
+    step_phases,
+    step_seconds,
+    step_terms,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -529,6 +536,7 @@ _SPEED_FIELDS = (
     "cpu_optimizer_s_per_param_zero12",
     "clock_overlap",
     "step_tensor_s",
+    "host_clock_exponent",
 )
 
 
@@ -538,6 +546,8 @@ class SpeedCase:
     source: str
     terms: StepTerms
     measured: float
+    #: median (forward and backward, optimizer step) seconds of the steps timed phase by phase
+    phases: tuple[float, float] | None = None
 
 
 def _record_setup(spec: dict[str, Any]) -> tuple[Any, Setup]:
@@ -568,8 +578,17 @@ def speed_cases(rows: Sequence[Row]) -> list[SpeedCase]:
         if row.status != "ok" or row.plan is None or measured is None:
             continue
         p, s = _record_setup(row.record["spec"])
-        out.append(SpeedCase(row.case, row.source, step_terms(p.facts, s, p.rates), measured))
+        out.append(SpeedCase(row.case, row.source, step_terms(p.facts, s, p.rates), measured, _phases(row)))
     return out
+
+
+def _phases(row: Row) -> tuple[float, float] | None:
+    timed = (row.record.get("measured") or {}).get("phase_seconds") or []
+    if not timed:
+        return None
+    passes = statistics.median(p["forward"] + p["backward"] for p in timed)
+    step = statistics.median(p["step"] for p in timed)
+    return (passes, step) if passes > 0 and step > 0 else None
 
 
 #: How far (in log space) the step-time fit may move a constant from planner/constants.py: a
@@ -590,9 +609,22 @@ def _speed_constants(x: Sequence[float]) -> SpeedConstants:
     return SpeedConstants(*(math.exp(min(max(v, lo), hi)) for v, (lo, hi) in zip(x, low_high, strict=True)))
 
 
+#: The weight of each timed phase's squared log error beside the whole step's, in the step-time fit.
+_PHASE_WEIGHT = 0.5
+
+
 def _speed_loss(x: Sequence[float], cases: Sequence[SpeedCase]) -> float:
+    """Squared log errors of the step times, and, where a record timed its phases apart, of its
+    forward-and-backward and its optimizer step: which constant a step's time belongs to is then
+    seen, not only their sum."""
     k = _speed_constants(x)
-    return sum(math.log(step_seconds(c.terms, k) / c.measured) ** 2 for c in cases)
+    loss = 0.0
+    for c in cases:
+        passes, step = step_phases(c.terms, k)
+        loss += math.log((passes + step) / c.measured) ** 2
+        if c.phases:
+            loss += _PHASE_WEIGHT * (math.log(passes / c.phases[0]) ** 2 + math.log(step / c.phases[1]) ** 2)
+    return loss
 
 
 def _nelder_mead(f: Any, x0: list[float], iters: int) -> list[float]:

@@ -109,8 +109,9 @@ HOST_SAFETY_FRACTION = 0.10
 #: Dense bf16 tensor-core rate of an H200 used when the hardware spec gives none (FLOP/s).
 DEFAULT_GPU_FLOPS = 790e12
 #: The step-time constants below were fitted together on the 139 step times of the calibration
-#: files (CALIBRATION_RESULTS; Nelder-Mead on the squared log error; bench/accuracy.py refits them
-#: and reports leave-one-out and leave-one-file-out errors). A micro-step is the power mean of its
+#: files (CALIBRATION_RESULTS; Nelder-Mead on the squared log error of each step and, where a record
+#: timed them apart, of its forward-and-backward and its optimizer step; bench/accuracy.py refits
+#: them and reports leave-one-out and leave-one-file-out errors). A micro-step is the power mean of its
 #: GPU and host clocks (``CLOCK_OVERLAP``): see planner/speed.py.
 #: The host the host-clock constants below describe: the time of one small module call through
 #: two Python hooks on the training device (bench/measure.py's host probe, ``hooked_module_us``).
@@ -119,34 +120,40 @@ DEFAULT_GPU_FLOPS = 790e12
 #: (``hardware.host_clock_factor``). Fitted with the constants below; the records without a probe
 #: count as taken on this host.
 HOST_HOOK_REFERENCE_US = 20.6
+#: How far a probe's reading moves the host clock: the factor is (probe / reference) to this power.
+#: One probe is a noisy figure of the host's speed: eight probes in a row on an idle H200 box
+#: (bench/results/hostclock-nvidia-h200-x2-2026-12-01.jsonl) read 15.5-22.4 us, each in its own
+#: process, and one configuration's steps moved less than its cases' probes did. Fitted with the
+#: constants below (1 would take the probe at its word, 0 ignore it).
+HOST_CLOCK_EXPONENT = 0.49
 #: The host-clock factors a plan accepts (hardware.host_clock_factor) and a probe may yield.
 HOST_CLOCK_FACTOR_BOUNDS = (0.05, 50.0)
 #: Model FLOPs utilisation of the matmuls (the GPU clock: FLOPs / (rate x MFU)).
-MFU = 0.606
+MFU = 0.646
 #: The smallest matmul dimension at which matmuls reach half of MFU. 0: on the H200 data a
 #: size-dependent efficiency was not separable from the host clock, which bounds small shapes.
 MATMUL_HALF_EFFICIENCY_DIM = 0
 #: Host clock: one decoder layer in one pass (forward, backward or recomputation): kernel
 #: launches, HF's Python, checkpointing's bookkeeping. It overlaps the GPU's work, so it sets the
 #: pace of small models only (a 7B LoRA step is FLOP-bound).
-LAYER_PASS_OVERHEAD_S = 1.43e-3
+LAYER_PASS_OVERHEAD_S = 1.66e-3
 #: Host clock: ZeRO-3's fetch/release hooks per pass, for a module whose parameters are gathered
 #: (above ``stage3_param_persistence_threshold``) and for any other hooked module (norms, small
 #: LoRA adapters and peft's ModuleDicts), which costs only the hook's Python.
-ZERO3_FETCH_PASS_OVERHEAD_S = 0.61e-3
-ZERO3_HOOK_PASS_OVERHEAD_S = 0.24e-3
+ZERO3_FETCH_PASS_OVERHEAD_S = 0.58e-3
+ZERO3_HOOK_PASS_OVERHEAD_S = 0.25e-3
 #: Host clock, ZeRO-3 over several GPUs: the latency of each gathered module's all-gather beyond
 #: its bytes (the NVLink term).
-ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.13e-3
+ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.16e-3
 #: GPU optimizer step per parameter a GPU updates (DeepSpeed's bf16 optimizer: fp32 master,
 #: gradient clipping, the fused AdamW, the copy back to bf16).
-GPU_OPTIMIZER_SECONDS_PER_PARAM = 5.6e-12
+GPU_OPTIMIZER_SECONDS_PER_PARAM = 3.3e-12
 #: Optimizer offload: host CPU seconds per parameter updated, summed over the ranks, which share
 #: the host's cores (the DeepSpeedCPUAdam update and DeepSpeed's bookkeeping; the PCIe terms come
 #: on top). ZeRO-3's offload path moves gradients parameter by parameter and costs more than
 #: ZeRO-1/2's flat-buffer path.
-CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.47e-9
-CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.30e-9
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.48e-9
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.27e-9
 #: How the GPU and host clocks of a micro-step combine, and with them the collectives and offload
 #: traffic ``overlap_comm`` runs beside the compute: their power mean (sum of t^(1/q))^q, the
 #: longest as q -> 0, their sum at q = 1 (planner/speed.py). Where the two clocks are close the
@@ -154,22 +161,23 @@ CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.30e-9
 #: two clocks were planned within 5% of each other, ran 1.4-2.1x the larger; Qwen2.5-7B LoRA with
 #: parameter offload on two GPUs spent 2.17 s in forward and backward against its 1.45 s host clock
 #: and 0.92 s of parameter traffic.
-CLOCK_OVERLAP = 0.70
+CLOCK_OVERLAP = 0.73
 #: The optimizer step's host cost per trainable tensor (scaled by the host clock): DeepSpeed's
 #: walk over the parameters (gradient norms for clipping, overflow checks, the copies back to the
 #: model). Timed phase by phase (``measured.phase_seconds``), LoRA's optimizer step took 0.03-0.06 s
 #: on one GPU for 208-288 adapter tensors of a few million parameters, 0.09-0.16 s under ZeRO-3 on
 #: two GPUs, where the per-parameter terms count almost nothing. Fitted with the other step-time
 #: constants (0.067 s for 208 tensors on the reference host).
-OPTIMIZER_STEP_TENSOR_SECONDS = 3.2e-4
-#: Effective host<->GPU copy rate of pinned memory over PCIe Gen5 x16 (bytes/s).
+OPTIMIZER_STEP_TENSOR_SECONDS = 2.8e-4
+#: Effective host<->GPU rate of DeepSpeed's offload copies over PCIe Gen5 x16 (bytes/s). One 1 GiB
+#: pinned copy moves 55 GB/s each way on the H200 box, both GPUs at once too, a pageable one 18-23
+#: (bench/pcie.py; bench/results/pcie-nvidia-h200-x2-2026-12-01.json); DeepSpeed copies parameter
+#: by parameter, some through pageable buffers. With 55 GB/s the step-time fit turns the clocks'
+#: power mean into nearly their sum and fits the records less well (164 of 198 within ±25%
+#: against 169): the offload records did not see the peak rate.
 PCIE_BYTES_PER_S = 25e9
 #: Effective NVLink collective (bus) bandwidth between the GPUs of one H200 box (bytes/s).
 NVLINK_BYTES_PER_S = 300e9
-#: Optimizer offload: parameters per second through one rank's CPU step (gradients down, the
-#: DeepSpeedCPUAdam update, weights up, DeepSpeed's bookkeeping; fit: 0.70 s per 1e9 parameters;
-#: the PCIe terms come on top).
-CPU_OPTIMIZER_PARAMS_PER_S = 1.43e9
 #: Sequential NVMe throughput per GPU for ZeRO-Infinity swaps (bytes/s).
 NVME_BYTES_PER_S = 3e9
 #: QLoRA: bitsandbytes dequantises every 4-bit weight in each pass; matmul time is multiplied.

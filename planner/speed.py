@@ -15,7 +15,9 @@ host waits at every synchronisation), so the micro-step is their power mean
 collectives and offload traffic that ``overlap_comm`` runs beside the compute join the same mean. The
 optimizer step adds, besides its per-parameter work, a host cost per trainable tensor (DeepSpeed's
 per-parameter bookkeeping, gradient clipping's norms, the copies back to the model). Offload adds
-PCIe traffic and CPU optimizer time; ZeRO adds collectives over NVLink.
+PCIe traffic and CPU optimizer time (the gradients reach the host in the backward of the
+accumulation boundary, beside its compute; the updated weights come back in the optimizer step);
+ZeRO adds collectives over NVLink.
 
 ``step_terms`` reduces a configuration to the quantities the constants multiply, so
 ``bench/accuracy.py`` can refit and cross-validate the constants without re-planning.
@@ -38,6 +40,7 @@ __all__ = [
     "estimate_speed",
     "host_clock_factor",
     "overlapped",
+    "step_phases",
     "step_seconds",
     "step_terms",
 ]
@@ -51,8 +54,9 @@ class GpuRates:
     #: The host clock (Python hooks, launches, the CPU optimizer) runs at the host CPU's speed,
     #: which differs from box to box; the factor scales every part of the step alike.
     step_time_factor: float = 1.0
-    #: This host's hooked-module time over the calibration host's (``host_clock_factor``): scales
-    #: the host clock of a micro-step (Python, launches, ZeRO-3's hooks), not the GPU's.
+    #: This host's hooked-module time over the calibration host's (``host_clock_factor``): the host
+    #: clock of a micro-step (Python, launches, ZeRO-3's hooks) and of the optimizer's walk over the
+    #: tensors, not the GPU's, scales by it to the power ``HOST_CLOCK_EXPONENT``.
     host_clock_factor: float = 1.0
 
 
@@ -90,6 +94,7 @@ class SpeedConstants:
     cpu_optimizer_s_per_param_zero12: float = C.CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12
     clock_overlap: float = C.CLOCK_OVERLAP
     step_tensor_s: float = C.OPTIMIZER_STEP_TENSOR_SECONDS
+    host_clock_exponent: float = C.HOST_CLOCK_EXPONENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +108,14 @@ class StepTerms:
     zero3_hook_passes: int  # the other modules ZeRO-3 hooks × passes (0 without ZeRO-3)
     zero3_collective_passes: int  # the gathering passes, when ZeRO-3 spans several GPUs
     micro_comm_seconds: float  # collectives of one micro-step
-    micro_offload_seconds: float  # PCIe/NVMe traffic of one micro-step
+    micro_offload_seconds: float  # PCIe/NVMe traffic of a micro-step before the accumulation boundary
+    boundary_offload_seconds: float  # PCIe/NVMe traffic of the boundary micro-step (gradients to the host)
     overlap: bool  # collectives and offload traffic run beside the compute (their power mean)
     gpu_optimizer_params: float  # parameters one GPU updates on the GPU
     trainable_tensors: int  # parameter tensors the optimizer step walks, LoRA's A and B each one
     cpu_optimizer_params: float  # parameters all ranks update on the host's CPUs (they share its cores)
     cpu_optimizer_zero3: bool  # that CPU step runs through ZeRO-3's offload path
-    step_offload_seconds: float  # PCIe and NVMe traffic of the optimizer step
+    step_offload_seconds: float  # PCIe and NVMe traffic of the optimizer step (updated weights back)
     step_comm_seconds: float  # collectives at the accumulation boundary
     flops_per_micro: float  # per GPU
     tokens_per_step: int  # all GPUs together
@@ -199,26 +205,40 @@ def _step_comm(facts: ModelFacts, s: Setup, w: int) -> float:
     return w * t * ring / C.NVLINK_BYTES_PER_S  # all-gather updated partitions
 
 
-def _offload(facts: ModelFacts, s: Setup, rates: GpuRates, w: int) -> tuple[float, float]:
-    """(per micro-step, per optimizer step) seconds of offload traffic, CPU work excluded."""
+def _offload(facts: ModelFacts, s: Setup, rates: GpuRates, w: int) -> tuple[float, float, float]:
+    """(a micro-step before the accumulation boundary, the boundary micro-step, the optimizer step)
+    seconds of offload traffic, CPU work excluded.
+
+    With the optimizer offloaded, DeepSpeed moves each gradient to the host from its backward hook
+    at the accumulation boundary, beside the compute, into the fp32 partition (4 bytes a parameter,
+    upcast on the GPU). Before the boundary ZeRO-3 accumulates the partitions on the GPU; ZeRO-1/2
+    keep a bf16 host buffer per parameter that every later micro-step brings back, adds to and
+    sends down again. The optimizer step then only sends the updated bf16 weights back, unless the
+    parameters live on the host too."""
     n = s.num_gpus
     part = facts.trainable_parameters / (1 if s.zero_stage == 0 else n)
-    micro = step = 0.0
+    ga = s.gradient_accumulation_steps
+    micro = boundary = step = 0.0
     if s.offload_optimizer != "none":
-        step += 2 * w * part / rates.pcie_bytes_per_s  # gradients down, updated weights up
-        if s.zero_stage < 3 and s.gradient_accumulation_steps > 1:
-            micro += 2 * w * part / rates.pcie_bytes_per_s  # accumulate on the host through the GPU
+        accumulating = ga > 1 and s.zero_stage < 3
+        micro = (2 * w * part if accumulating else 0.0) / rates.pcie_bytes_per_s
+        boundary = ((w * part if accumulating else 0.0) + _FP32 * part) / rates.pcie_bytes_per_s
+        if not (s.zero_stage == 3 and s.offload_param != "none"):
+            step = w * part / rates.pcie_bytes_per_s  # updated weights up
         if s.offload_optimizer == "nvme":
             step += 2 * (_FP32_STATE + moment_bytes_per_param(s.optimizer)) * part / C.NVME_BYTES_PER_S
     if s.zero_stage == 3 and s.offload_param != "none":
         passes = 3 if s.gradient_checkpointing else 2
         moved = passes * w * facts.total_parameters / n
-        micro += moved / rates.pcie_bytes_per_s
+        params = moved / rates.pcie_bytes_per_s
         if s.offload_param == "nvme":
-            micro += moved / C.NVME_BYTES_PER_S
-    return micro, step
+            params += moved / C.NVME_BYTES_PER_S
+        micro += params
+        boundary += params
+    return micro, boundary, step
 
 
+_FP32 = 4
 _FP32_STATE = 8  # fp32 master + fp32 gradient per parameter, swapped with the moments
 
 
@@ -235,7 +255,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     gathering, other = _modules_per_layer(facts, int(s.knobs.param_persistence_threshold))
     fetch_passes = layer_passes * gathering if s.zero_stage == 3 else 0
     hook_passes = layer_passes * other if s.zero_stage == 3 else 0
-    off_micro, off_step = _offload(facts, s, rates, w)
+    off_micro, off_boundary, off_step = _offload(facts, s, rates, w)
     part = facts.trainable_parameters / (1 if s.zero_stage == 0 else s.num_gpus)
     on_cpu = s.offload_optimizer != "none"
     return StepTerms(
@@ -247,6 +267,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         zero3_collective_passes=fetch_passes if s.num_gpus > 1 else 0,
         micro_comm_seconds=_micro_comm(facts, s, w),
         micro_offload_seconds=off_micro,
+        boundary_offload_seconds=off_boundary,
         overlap=s.knobs.overlap_comm,
         gpu_optimizer_params=0.0 if on_cpu else part,
         trainable_tensors=_trainable_tensors(facts),
@@ -276,7 +297,8 @@ def overlapped(q: float, *seconds: float) -> float:
 def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
     """(compute per micro-step, optimizer per step (the GPU's update and the host's walk over the
     trainable tensors), CPU optimizer per step) seconds."""
-    host = t.host_clock_factor * (
+    hf = t.host_clock_factor**k.host_clock_exponent
+    host = hf * (
         t.layer_passes * k.layer_pass_s
         + t.zero3_fetch_passes * k.zero3_fetch_pass_s
         + t.zero3_hook_passes * k.zero3_hook_pass_s
@@ -288,16 +310,26 @@ def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
     )
     optimizer = (
         t.gpu_optimizer_params * k.gpu_optimizer_s_per_param
-        + t.host_clock_factor * t.trainable_tensors * k.step_tensor_s
+        + hf * t.trainable_tensors * k.step_tensor_s
     )
     return compute, optimizer, t.cpu_optimizer_params * cpu_rate
 
 
-def step_seconds(t: StepTerms, k: SpeedConstants) -> float:
+def step_phases(t: StepTerms, k: SpeedConstants) -> tuple[float, float]:
+    """(forward and backward of all micro-steps, the optimizer step) seconds: the two phases
+    ``bench/measure.py`` times apart (``measured.phase_seconds``)."""
     compute, gpu_opt, cpu_opt = _parts(t, k)
-    c, o = t.micro_comm_seconds, t.micro_offload_seconds
-    micro = overlapped(k.clock_overlap, compute, c, o) if t.overlap else compute + c + o
-    return t.accumulation * micro + gpu_opt + cpu_opt + t.step_offload_seconds + t.step_comm_seconds
+    c = t.micro_comm_seconds
+
+    def micro(offload: float) -> float:
+        return overlapped(k.clock_overlap, compute, c, offload) if t.overlap else compute + c + offload
+
+    passes = (t.accumulation - 1) * micro(t.micro_offload_seconds) + micro(t.boundary_offload_seconds)
+    return passes, gpu_opt + cpu_opt + t.step_offload_seconds + t.step_comm_seconds
+
+
+def step_seconds(t: StepTerms, k: SpeedConstants) -> float:
+    return sum(step_phases(t, k))
 
 
 #: The constants in use; bench/accuracy.py passes its own to ``step_seconds`` when it refits.
@@ -311,11 +343,12 @@ def estimate_speed(facts: ModelFacts, s: Setup, rates: GpuRates) -> SpeedEstimat
     f = rates.step_time_factor
     step = f * step_seconds(t, k)
     accum = t.accumulation
+    traffic = (accum - 1) * t.micro_offload_seconds + t.boundary_offload_seconds + t.step_offload_seconds
     return SpeedEstimate(
         step_seconds=step,
         tokens_per_second=t.tokens_per_step / step,
         compute_seconds=f * accum * compute,
         communication_seconds=f * (accum * t.micro_comm_seconds + t.step_comm_seconds),
-        offload_seconds=f * (accum * t.micro_offload_seconds + t.step_offload_seconds + cpu_opt),
+        offload_seconds=f * (traffic + cpu_opt),
         flops_per_step=t.flops_per_micro * accum,
     )

@@ -165,3 +165,30 @@ def test_the_step_time_fit_keeps_every_constant_finite_and_near_the_planners() -
     back = accuracy._speed_constants(start)
     assert [getattr(back, n) for n in accuracy._SPEED_FIELDS] == pytest.approx(
         [getattr(current, n) for n in accuracy._SPEED_FIELDS], rel=1e-9)
+
+
+def test_the_step_time_fit_weighs_the_timed_phases_where_a_record_has_them() -> None:
+    """A record that timed its phases apart gives the fit its forward-and-backward and its
+    optimizer step besides the whole step (the medians over the timed steps): a plan whose sum is
+    right but whose split is wrong costs the fit, and a record without phases costs only its sum."""
+    import math
+
+    accuracy = _accuracy()
+    record = accuracy.load_records([FIXTURE])[0]
+    timed = [{"forward": 0.1, "backward": 0.2, "step": 0.05}, {"forward": 0.1, "backward": 0.4, "step": 0.07},
+             {"forward": 0.1, "backward": 0.3, "step": 0.06}]
+    phased = {**record, "measured": {**record["measured"], "phase_seconds": timed}}
+    plain, with_phases = accuracy.speed_cases(accuracy.plan_records([record, phased]))
+    assert plain.phases is None
+    assert with_phases.phases == pytest.approx((0.4, 0.06))
+    k = accuracy.SpeedConstants()
+    passes, step = accuracy.step_phases(with_phases.terms, k)
+    x = [math.log(getattr(k, n)) for n in accuracy._SPEED_FIELDS]
+    # measured exactly as planned, phase by phase: no loss; the same sum split otherwise: a loss
+    exact = accuracy.SpeedCase("x", "a.jsonl", with_phases.terms, passes + step, (passes, step))
+    moved = (passes / 2, passes / 2 + step)
+    split = accuracy.SpeedCase("x", "a.jsonl", with_phases.terms, passes + step, moved)
+    unsplit = accuracy.SpeedCase("x", "a.jsonl", with_phases.terms, passes + step)
+    assert accuracy._speed_loss(x, [exact]) == pytest.approx(0.0, abs=1e-12)
+    assert accuracy._speed_loss(x, [unsplit]) == pytest.approx(0.0, abs=1e-12)
+    assert accuracy._speed_loss(x, [split]) > 0.1

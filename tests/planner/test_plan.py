@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from planner import HardwareSpec, JobSpec, Plan, PlanError, plan
+from planner.speed import SpeedConstants, StepTerms
 from tests.planner.support import GIB, H200_BYTES, TINY_CONFIGS, hardware, job
 
 
@@ -361,10 +362,16 @@ def test_host_clock_factor_scales_the_host_clock_of_a_step_not_its_gpu_clock() -
         return plan(job(model={"name": model}, method=method, resources=resources, training=training,
                         hardware=hw))
 
-    # a 0.5B LoRA step under ZeRO-3 is all hooks and launches: twice as slow a host, twice the step
+    # a 0.5B LoRA step under ZeRO-3 is all hooks and launches: a probe twice as slow makes the step
+    # 2 ** HOST_CLOCK_EXPONENT as long (a probe is a noisy figure of the host, so it moves the
+    # clock less than its own ratio), and a probe four times as slow that again
     small, slow = step("Qwen/Qwen2.5-0.5B", "lora", None), step("Qwen/Qwen2.5-0.5B", "lora", 2.0)
+    slower = step("Qwen/Qwen2.5-0.5B", "lora", 4.0)
     assert small.host_clock_factor == 1.0 and slow.host_clock_factor == 2.0
-    assert slow.estimated_step_seconds == pytest.approx(2 * small.estimated_step_seconds, rel=0.02)
+    assert 0 < C.HOST_CLOCK_EXPONENT < 1
+    scale = 2**C.HOST_CLOCK_EXPONENT
+    assert slow.estimated_step_seconds == pytest.approx(scale * small.estimated_step_seconds, rel=0.02)
+    assert slower.estimated_step_seconds == pytest.approx(scale * slow.estimated_step_seconds, rel=0.02)
     assert slow.per_gpu == small.per_gpu
     # a faster host cannot take a step below its FLOPs: a 7B step at 16k tokens is the GPU's, and
     # a host four times as fast takes a few percent off it (the clocks' power mean), not half
@@ -416,7 +423,50 @@ def test_the_optimizer_step_walks_every_trainable_tensor_on_the_host() -> None:
     # 24 layers: two more adapted linears are 96 more tensors; the host clock scales their walk
     for factor in (1.0, 2.0):
         two, four = step(["q_proj", "v_proj"], factor), step(["q_proj", "k_proj", "v_proj", "o_proj"], factor)
-        assert four - two >= 96 * C.OPTIMIZER_STEP_TENSOR_SECONDS * factor
+        assert four - two >= 96 * C.OPTIMIZER_STEP_TENSOR_SECONDS * factor**C.HOST_CLOCK_EXPONENT
+
+
+def test_optimizer_offload_sends_gradients_in_the_boundary_backward_and_weights_in_the_step() -> None:
+    """DeepSpeed sends each gradient to the host from its backward hook at the accumulation
+    boundary (fp32, 4 bytes a parameter), beside the compute; before the boundary ZeRO-1/2 keep a
+    bf16 host buffer that every later micro-step brings back and sends down again, ZeRO-3 keeps the
+    partitions on the GPU; the optimizer step sends only the updated bf16 weights back, nothing
+    when the parameters live on the host."""
+    from dataclasses import replace
+
+    from planner import constants as C
+    from planner.core import _base_setup, prepare
+    from planner.speed import step_phases, step_terms
+
+    p = prepare(job(model={"name": "Qwen/Qwen2.5-0.5B"}, method="full"))
+    base = replace(_base_setup(p), num_gpus=2, offload_optimizer="cpu")
+    part = p.facts.trainable_parameters / 2
+    pcie = C.PCIE_BYTES_PER_S
+
+    def terms(stage: int, accumulation: int, offload_param: str = "none") -> StepTerms:
+        s = replace(base, zero_stage=stage, gradient_accumulation_steps=accumulation,
+                    offload_param=offload_param)
+        return step_terms(p.facts, s, p.rates)
+
+    one = terms(2, 1)
+    assert one.micro_offload_seconds == 0
+    assert one.boundary_offload_seconds == pytest.approx(4 * part / pcie)
+    assert one.step_offload_seconds == pytest.approx(2 * part / pcie)
+    four = terms(2, 4)
+    assert four.micro_offload_seconds == pytest.approx(2 * 2 * part / pcie)
+    assert four.boundary_offload_seconds == pytest.approx((2 + 4) * part / pcie)
+    z3 = terms(3, 4)
+    assert z3.micro_offload_seconds == 0 and z3.boundary_offload_seconds == pytest.approx(4 * part / pcie)
+    assert z3.step_offload_seconds == pytest.approx(2 * part / pcie)
+    hosted = terms(3, 1, "cpu")
+    assert hosted.step_offload_seconds == 0
+    assert hosted.boundary_offload_seconds - hosted.micro_offload_seconds == pytest.approx(4 * part / pcie)
+    # the gradients move beside the backward (overlap_comm): the boundary micro-step takes less than
+    # its compute and its traffic one after the other, and more than the compute alone
+    k = SpeedConstants()
+    passes, _ = step_phases(one, k)
+    alone, _ = step_phases(replace(one, boundary_offload_seconds=0.0), k)
+    assert alone < passes < alone + one.boundary_offload_seconds
 
 
 def test_box_step_time_factor_scales_every_speed_figure_and_nothing_else() -> None:
