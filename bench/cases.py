@@ -776,6 +776,25 @@ def _heldout20() -> list[Case]:
     ]
 
 
+def _heldout21() -> list[Case]:
+    """Unseen configurations over ten steps for the planner whose host clock moves by a power of
+    the probe and whose offloaded gradients travel in the boundary backward (27b279a): optimizer
+    offload with accumulation under ZeRO-1, -2 and -3, full ZeRO-3 with parameter offload on one
+    GPU, full ZeRO-2, and LoRA under ZeRO-0, -2 and -3."""
+    h = "heldout21"
+    return [
+        make_case("qwen2.5-1.5b", "full", 2, "opt", True, 1024, 2, 2, group=h, steps=10),
+        make_case("llama-3.2-1b", "full", 1, "opt", True, 2048, 2, 2, group=h, steps=10),
+        make_case("qwen2.5-0.5b", "full", 3, "opt+param", False, 1024, 4, 1, group=h, steps=10),
+        make_case("qwen2.5-3b", "full", 3, "opt", True, 1024, 2, 2, gpus=2, group=h, steps=10),
+        make_case("llama-3.2-3b", "lora", 3, "none", True, 2048, 2, 1, gpus=2, group=h, steps=10),
+        make_case("gemma-2-2b", "full", 2, "none", True, 2048, 1, 2, group=h, steps=10),
+        make_case("qwen2.5-1.5b", "lora", 0, "none", False, 1024, 2, 2, group=h, steps=10),
+        make_case("mistral-7b-v0.3", "lora", 3, "opt+param", True, 1024, 2, 1, gpus=2, group=h, steps=10),
+        make_case("llama-3.1-8b", "lora", 2, "opt", True, 2048, 2, 1, group=h, steps=10),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -815,6 +834,7 @@ HELDOUT17_CASES: list[Case] = _heldout17()
 HELDOUT18_CASES: list[Case] = _heldout18()
 HELDOUT19_CASES: list[Case] = _heldout19()
 HELDOUT20_CASES: list[Case] = _heldout20()
+HELDOUT21_CASES: list[Case] = _heldout21()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -826,7 +846,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "steady": STEADY_CASES, "logits": LOGITS_CASES,
                                    "heldout17": HELDOUT17_CASES, "heldout18": HELDOUT18_CASES,
                                    "heldout19": HELDOUT19_CASES, "heldout20": HELDOUT20_CASES,
-                                   "limit": _limit_experiment()}
+                                   "heldout21": HELDOUT21_CASES, "limit": _limit_experiment()}
 
 
 def by_name() -> dict[str, Case]:
