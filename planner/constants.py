@@ -122,7 +122,7 @@ DEFAULT_GPU_FLOPS = 790e12
 HOST_HOOK_REFERENCE_US = 20.6
 #: How far a probe's reading moves the host clock: the factor is (probe / reference) to this power.
 #: One probe is a noisy figure of the host's speed: eight probes in a row on an idle H200 box
-#: (bench/results/hostclock-nvidia-h200-x2-2026-12-01.jsonl) read 15.5-22.4 us, each in its own
+#: (bench/results/hostclock-nvidia-h200-x2-2026-12-01.json) read 15.5-22.4 us, each in its own
 #: process, and one configuration's steps moved less than its cases' probes did. Fitted with the
 #: constants below (1 would take the probe at its word, 0 ignore it).
 HOST_CLOCK_EXPONENT = 0.49
