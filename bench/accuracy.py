@@ -745,23 +745,26 @@ def box_factor_errors(rows: Sequence[Row]) -> list[tuple[float, float]]:
 
 
 def _environment(records: Sequence[dict[str, Any]]) -> list[str]:
-    envs = {json.dumps(r.get("env") or {}, sort_keys=True) for r in records}
-    lines = []
-    for env_json in sorted(envs):
-        env = json.loads(env_json)
-        keys = (
-            "gpu_name",
-            "gpu_memory_bytes",
-            "gpu_count",
-            "driver",
-            "cuda",
-            "torch",
-            "deepspeed",
-            "transformers",
-            "peft",
-        )
-        lines.append("- " + ", ".join(f"{k} {env[k]}" for k in keys if env.get(k) is not None))
-    return lines
+    """One line per box and software stack, with how many records ran on it (a run's other
+    environment figures, its host probe among them, do not make a line of their own)."""
+    keys = (
+        "gpu_name",
+        "gpu_memory_bytes",
+        "gpu_count",
+        "cpu_count",
+        "driver",
+        "cuda",
+        "torch",
+        "deepspeed",
+        "transformers",
+        "peft",
+    )
+    counts: dict[str, int] = {}
+    for r in records:
+        env = r.get("env") or {}
+        line = ", ".join(f"{k} {env[k]}" for k in keys if env.get(k) is not None)
+        counts[line] = counts.get(line, 0) + 1
+    return [f"- {line} ({n} record{'' if n == 1 else 's'})" for line, n in sorted(counts.items())]
 
 
 def _summary_lines(stats: dict[str, list[float]]) -> list[str]:

@@ -192,3 +192,17 @@ def test_the_step_time_fit_weighs_the_timed_phases_where_a_record_has_them() -> 
     assert accuracy._speed_loss(x, [exact]) == pytest.approx(0.0, abs=1e-12)
     assert accuracy._speed_loss(x, [unsplit]) == pytest.approx(0.0, abs=1e-12)
     assert accuracy._speed_loss(x, [split]) > 0.1
+
+
+def test_the_hardware_section_gives_each_box_once_with_its_record_count() -> None:
+    """Records of one box and stack that differ only in their run's other figures (the host probe)
+    share one line; another box (fewer cores) gets its own."""
+    accuracy = _accuracy()
+    record = accuracy.load_records([FIXTURE])[0]
+    env = {**record["env"], "cpu_count": 32}
+    runs = [{**record, "env": {**env, "host_probe": {"hooked_module_us": us}}} for us in (15.5, 30.9)]
+    other = {**record, "env": {**env, "cpu_count": 16}}
+    lines = accuracy._environment([*runs, other])
+    assert len(lines) == 2
+    assert any("cpu_count 32" in line and line.endswith("(2 records)") for line in lines)
+    assert any("cpu_count 16" in line and line.endswith("(1 record)") for line in lines)
