@@ -795,6 +795,23 @@ def _heldout21() -> list[Case]:
     ]
 
 
+def _heldout22() -> list[Case]:
+    """More unseen configurations over ten steps for the same planner (c306528), all on one GPU:
+    full fine-tuning under ZeRO-1, -2 and -3 (with optimizer offload for a 3B), LoRA under ZeRO-0,
+    -2 and -3 (with optimizer offload for Gemma 2 2B)."""
+    h = "heldout22"
+    return [
+        make_case("llama-3.2-3b", "full", 3, "none", True, 2048, 2, 1, group=h, steps=10),
+        make_case("qwen2.5-7b", "lora", 0, "none", True, 2048, 4, 1, group=h, steps=10),
+        make_case("phi-3-mini", "full", 2, "none", True, 1024, 2, 2, group=h, steps=10),
+        make_case("qwen2.5-0.5b", "lora", 3, "none", False, 4096, 4, 1, group=h, steps=10),
+        make_case("qwen2.5-3b", "full", 3, "opt", True, 2048, 2, 1, group=h, steps=10),
+        make_case("llama-3.2-1b", "lora", 2, "none", False, 4096, 2, 1, group=h, steps=10),
+        make_case("gemma-2-2b", "lora", 3, "opt", True, 1024, 4, 1, group=h, steps=10),
+        make_case("qwen2.5-3b", "full", 1, "none", True, 2048, 1, 4, group=h, steps=10),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -835,6 +852,7 @@ HELDOUT18_CASES: list[Case] = _heldout18()
 HELDOUT19_CASES: list[Case] = _heldout19()
 HELDOUT20_CASES: list[Case] = _heldout20()
 HELDOUT21_CASES: list[Case] = _heldout21()
+HELDOUT22_CASES: list[Case] = _heldout22()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -846,7 +864,8 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "steady": STEADY_CASES, "logits": LOGITS_CASES,
                                    "heldout17": HELDOUT17_CASES, "heldout18": HELDOUT18_CASES,
                                    "heldout19": HELDOUT19_CASES, "heldout20": HELDOUT20_CASES,
-                                   "heldout21": HELDOUT21_CASES, "limit": _limit_experiment()}
+                                   "heldout21": HELDOUT21_CASES, "heldout22": HELDOUT22_CASES,
+                                   "limit": _limit_experiment()}
 
 
 def by_name() -> dict[str, Case]:
