@@ -665,8 +665,8 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
     tensor (fewer with the optimizer offloaded: its step's copies live on the host), where ZeRO-3
     fetches parameters (several GPUs or parameter offload) the cached blocks of the fetches (under
     full fine-tuning) or of the gathered embedding and LM head (under LoRA); ZeRO-1/2's freed
-    reduce buckets when the step cannot reuse them; and the soft-capped loss's extra block
-    (see constants.py)."""
+    reduce buckets when the step cannot reuse them; ZeRO-2's accumulated gradient partition; and the
+    soft-capped loss's extra block (see constants.py)."""
     arch = facts.arch
     fetched = 0.0
     if gathered > 0 and s.method == "full":
@@ -684,8 +684,17 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
         + largest * _FP32 * _largest_trainable(facts)
         + fetched
         + _stranded_buckets(facts, s, w)
+        + _accumulated_partition_block(facts, s, w)
         + _softcapped_loss_block(facts, s)
     )
+
+
+def _accumulated_partition_block(facts: ModelFacts, s: Setup, w: int) -> float:
+    """ZeRO-2 with accumulation and the optimizer on the GPU: one more cached block of the rank's
+    bf16 gradient partition (``ALLOCATOR_ACCUMULATION_BLOCKS``)."""
+    if s.zero_stage != 2 or s.gradient_accumulation_steps < 2 or s.offload_optimizer != "none":
+        return 0.0
+    return C.ALLOCATOR_ACCUMULATION_BLOCKS * w * facts.trainable_parameters / s.num_gpus
 
 
 def _softcapped_loss_block(facts: ModelFacts, s: Setup) -> float:
