@@ -1,0 +1,129 @@
+"""Where one training step's time goes: GPU kernel time against wall time, kernel launches, and the
+kernels and host operations that take the most, for a model of ``bench/cases.py`` built from its
+config (random weights) and trained with plain PyTorch (bf16 weights, fused AdamW, no DeepSpeed).
+
+The step-time model (planner/speed.py) puts a micro-step between a GPU clock (FLOPs at a rate) and
+a host clock (per-layer Python and launches); this shows, for one configuration, how busy the GPU
+was and with what. Run from the repository root on a GPU box:
+``python3 -m bench.profile_step gemma-2-2b lora --seq 2048 --micro-batch 2 [--checkpointing]``
+prints one JSON object per configuration; several ``--case MODEL:METHOD:SEQ:MB:CKPT`` run in one
+process one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from typing import Any
+
+from bench.cases import MODELS
+
+#: Steps run before the profiled ones (allocator and autotuning warm-up), and profiled steps.
+WARMUP_STEPS = 3
+PROFILED_STEPS = 3
+TOP = 12
+
+
+def _model(name: str, method: str, checkpointing: bool) -> Any:
+    """The model as ``bench/measure.py`` builds it: random weights from the config, bf16, straight on
+    the GPU, transformers' own attention; checkpointing and LoRA (q/k/v/o, r 16) as there."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(MODELS[name])
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config.use_cache = False
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if method == "lora":
+            model.enable_input_require_grads()
+    if method == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, bias="none", task_type="CAUSAL_LM",
+                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+        model = get_peft_model(model, lora)
+    return model
+
+
+def profile(name: str, method: str, seq: int, micro_batch: int, checkpointing: bool) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    model = _model(name, method, checkpointing)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5, fused=True)
+    vocab = int(model.config.vocab_size)
+
+    def step() -> None:
+        ids = torch.randint(0, vocab, (micro_batch, seq), device="cuda")
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(WARMUP_STEPS):
+        step()
+    torch.cuda.synchronize()
+    walls = []
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED_STEPS):
+            t0 = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    kernels = sorted((e for e in events if e.device_type.name == "CUDA"),
+                     key=lambda e: -e.self_device_time_total)
+    host_ops = sorted((e for e in events if e.device_type.name == "CPU"),
+                      key=lambda e: -e.self_cpu_time_total)
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC",
+                                                       "cuLaunchKernel", "cuLaunchKernelEx"))
+    result = {
+        "case": f"{name}|{method}|s{seq}|mb{micro_batch}|{'ckpt' if checkpointing else 'nockpt'}",
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "wall_s_per_step": round(sum(walls) / len(walls), 4),
+        "gpu_kernel_s_per_step": round(device_us / 1e6 / PROFILED_STEPS, 4),
+        "kernel_launches_per_step": launches // PROFILED_STEPS,
+        "top_kernels_ms_per_step": [[e.key[:90], round(e.self_device_time_total / 1e3 / PROFILED_STEPS, 2),
+                                     e.count // PROFILED_STEPS] for e in kernels[:TOP]],
+        "top_host_ops_ms_per_step": [[e.key[:60], round(e.self_cpu_time_total / 1e3 / PROFILED_STEPS, 2),
+                                      e.count // PROFILED_STEPS] for e in host_ops[:TOP]],
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", choices=sorted(MODELS))
+    parser.add_argument("method", nargs="?", choices=("lora", "full"))
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--case", action="append", default=[],
+                        help="MODEL:METHOD:SEQ:MICRO_BATCH:ckpt|nockpt, repeatable")
+    args = parser.parse_args(argv)
+    cases = [(c.split(":")[0], c.split(":")[1], int(c.split(":")[2]), int(c.split(":")[3]),
+              c.split(":")[4] == "ckpt") for c in args.case]
+    if args.model and args.method:
+        cases.insert(0, (args.model, args.method, args.seq, args.micro_batch, args.checkpointing))
+    if not cases:
+        parser.error("give MODEL METHOD or at least one --case")
+    for case in cases:
+        print(json.dumps(profile(*case)), flush=True)
+        gc.collect()  # the case's model and optimizer went out of scope with profile()
+        import torch
+
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
