@@ -124,8 +124,8 @@ DEFAULT_GPU_FLOPS = 790e12
 #: two Python hooks on the training device (bench/measure.py's host probe, ``hooked_module_us``).
 #: The probe read 15.8-32.7 us on the same kind of H200 box in six device sessions, whose step
 #: times moved with it; a plan scales its host clock by this box's reading over this
-#: (``hardware.host_clock_factor``). Fitted with the constants below; the records without a probe
-#: count as taken on this host.
+#: (``hardware.host_clock_factor``) to the power ``HOST_CLOCK_EXPONENT``. Fitted with the
+#: constants below; the records without a probe count as taken on this host.
 HOST_HOOK_REFERENCE_US = 20.6
 #: How far a probe's reading moves the host clock: the factor is (probe / reference) to this power.
 #: One probe is a noisy figure of the host's speed: eight probes in a row on an idle H200 box

@@ -4,7 +4,8 @@ A small step is bound by its host, not its GPU: Python, kernel launches, and the
 transformers add to every module of every pass. Boxes of the same kind differ here (a probe of the
 same H200 box type read 15.8-32.7 us per hooked module call over six device sessions, and the step
 times moved with it), so the planner scales its host clock by this box's reading
-(``hardware.host_clock_factor``; see ``planner.host_clock_factor``).
+(``hardware.host_clock_factor``; see ``planner.host_clock_factor``), to a fitted power below one:
+one probe is itself a noisy figure (eight in a row on an idle box read 15.5-22.4 us).
 
 The probe times one small module call through a forward pre-hook and a forward hook on the
 training device. It runs in a child process (``python -m worker.hostclock``), so the service's own
