@@ -865,6 +865,9 @@ def _without_probes(rec: dict[str, Any]) -> dict[str, Any]:
     return {**rec, "spec": {**spec, "hardware": hardware}}
 
 
+_SLACK_CV_HEADING = "## Cross-validation of the allocator-slack fit"
+
+
 def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
     stats = summary(rows)
     oom = [r for r in rows if r.status == "oom"]
@@ -907,7 +910,7 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         "## Step time over ten steps",
         *ten_steps(rows),
         "",
-        "## Cross-validation of the allocator-slack fit",
+        _SLACK_CV_HEADING,
         "The six slack constants are the only fitted part of the GPU peak; everything else is "
         "arithmetic on the model and DeepSpeed's buffers. Each record is predicted by constants "
         "fitted on all records, by constants fitted without it, and by constants fitted without its "
@@ -1334,13 +1337,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     rows = plan_records(load_records(sources))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(rows, sources), encoding="utf-8")
+    text = render(rows, sources)
+    args.out.write_text(text, encoding="utf-8")
     calib, held, again = split_groups(rows)
     for group, members in (("calibration", calib), ("held-out", held), ("measured again", again)):
         for name, errors in summary(members).items():
             print(f"{group} {name}: {_stats(errors)}")
-    for line in cross_validation(rows):
-        print("cross-validation " + line.removeprefix("- "))
+    # the slack's cross-validation as the report gives it (its refits are the slow part: not twice)
+    section = text.partition(f"\n{_SLACK_CV_HEADING}\n")[2].partition("\n## ")[0]
+    for line in section.splitlines():
+        if line.startswith("- "):
+            print("cross-validation " + line.removeprefix("- "))
     print(f"wrote {args.out}")
     return 0
 

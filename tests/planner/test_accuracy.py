@@ -206,3 +206,15 @@ def test_the_hardware_section_gives_each_box_once_with_its_record_count() -> Non
     assert len(lines) == 2
     assert any("cpu_count 32" in line and line.endswith("(2 records)") for line in lines)
     assert any("cpu_count 16" in line and line.endswith("(1 record)") for line in lines)
+
+
+def test_main_prints_the_slacks_cross_validation_as_the_report_gives_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    accuracy = _accuracy()
+    out = tmp_path / "accuracy.md"
+    assert accuracy.main([str(FIXTURE), "--out", str(out)]) == 0
+    printed = [line.removeprefix("cross-validation ") for line in capsys.readouterr().out.splitlines()
+               if line.startswith("cross-validation ")]
+    section = out.read_text().split(accuracy._SLACK_CV_HEADING + "\n")[1].split("\n## ")[0]
+    assert printed and printed == [line[2:] for line in section.splitlines() if line.startswith("- ")]
