@@ -324,7 +324,9 @@ def step_phases(t: StepTerms, k: SpeedConstants) -> tuple[float, float]:
     def micro(offload: float) -> float:
         return overlapped(k.clock_overlap, compute, c, offload) if t.overlap else compute + c + offload
 
-    passes = (t.accumulation - 1) * micro(t.micro_offload_seconds) + micro(t.boundary_offload_seconds)
+    passes = micro(t.boundary_offload_seconds)
+    if t.accumulation > 1:
+        passes += (t.accumulation - 1) * micro(t.micro_offload_seconds)
     return passes, gpu_opt + cpu_opt + t.step_offload_seconds + t.step_comm_seconds
 
 
