@@ -109,8 +109,8 @@ def warn(ctx: Context) -> list[Note]:
                 field="eval.max_new_tokens",
                 message=(
                     f"evaluation needs {_gib(ctx.eval_memory.total_bytes)} (KV cache "
-                    f"{_gib(ctx.eval_memory.kv_cache_bytes)}) on one GPU: lower eval.batch_size "
-                    "or max_new_tokens"
+                    f"{_gib(ctx.eval_memory.kv_cache_bytes)}, logits {_gib(ctx.eval_memory.logits_bytes)}) "
+                    "on one GPU: lower eval.batch_size or max_new_tokens"
                 ),
             )
         )

@@ -87,6 +87,10 @@ ALLOCATOR_ACCUMULATION_BLOCKS = 1.0
 #: (docs/service-gpu.md, run b) peaked at 4.65 and 2.49 GiB under NVML against 4.57 and 2.36
 #: planned (-1.7%, -5.2%).
 EVAL_ALLOCATOR_SLACK_FRACTION = 0.10
+#: Positions of an eval batch whose logits the evaluation process upcasts to fp32 at once for the
+#: loss (worker/evaluate.py): the whole batch's would take 4 bytes a position and vocabulary entry,
+#: and as much again for their log-softmax.
+EVAL_LOSS_CHUNK_POSITIONS = 256
 
 # --- host memory ---------------------------------------------------------------------------------
 #: Resident memory of one training process besides its model tensors: Python, torch with its CUDA

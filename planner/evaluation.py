@@ -1,7 +1,12 @@
-"""Memory of the separate evaluation process: the trained model generating with a KV cache.
+"""Memory of the separate evaluation process (``worker/evaluate.py``): the trained model computing
+the eval loss, then generating with a KV cache.
 
-Worst case assumed: prompts as long as the training sequences, ``eval.batch_size`` of them, each
-extended by ``eval.max_new_tokens``. Generation keeps logits of the last position only.
+The eval loss runs ``eval.batch_size`` rows of the training sequence length through the model
+without a cache; the model returns every position's logits in its own dtype, and the loss upcasts
+``EVAL_LOSS_CHUNK_POSITIONS`` positions of them at a time to fp32 (and as much again for their
+log-softmax). Generation, worst case: prompts as long as the training sequences, each extended by
+``eval.max_new_tokens``, logits of the last position only. The two run one after the other: the
+peak is the larger, on top of the weights.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from planner import constants as C
 from planner.memory import ModelFacts, weight_bytes
 
 __all__ = ["EvalMemory", "estimate_eval"]
+
+_FP32 = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +45,11 @@ def estimate_eval(
     prefill = (
         tokens * act * (2 * arch.q_dim + 2 * arch.kv_dim + 3 * arch.intermediate_size + 2 * arch.hidden_size)
     )
-    logits = batch_size * arch.vocab_size * 4 * 2  # fp32 scores and their processed copy
-    allocated = weights + kv + prefill + logits
+    generated = batch_size * arch.vocab_size * 4 * 2  # fp32 scores and their processed copy
+    chunk = min(prompt_tokens, C.EVAL_LOSS_CHUNK_POSITIONS)
+    loss = batch_size * arch.vocab_size * (prompt_tokens * act + chunk * 2 * _FP32)
+    logits = max(loss, generated)
+    allocated = weights + prefill + max(loss, kv + generated)
     total = allocated * (1 + C.EVAL_ALLOCATOR_SLACK_FRACTION) + C.CUDA_CONTEXT_BYTES
     return EvalMemory(
         weights_bytes=int(weights),

@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from planner.constants import EVAL_LOSS_CHUNK_POSITIONS
 from worker._trainlib.data import IGNORE, EvalRow, collate, encode, pad_id, read_eval_split, render_prompt
 from worker._trainlib.progress import host_peak_rss_bytes
 from worker._trainlib.runfile import (
@@ -78,13 +79,32 @@ def eval_loss(model: Any, tokenizer: Any, rows: list[EvalRow], seq_len: int, bat
     for start in range(0, len(examples), batch_size):
         batch = collate(examples[start : start + batch_size], pad_id(tokenizer))
         t = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in batch.items()}
-        logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits.float()
-        targets = t["labels"][:, 1:]
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.size(-1)),
-                                                 targets.reshape(-1), ignore_index=IGNORE, reduction="sum")
-        total += float(loss.item())
-        count += int((targets != IGNORE).sum().item())
+        logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"], use_cache=False).logits
+        summed, counted = summed_loss(logits, t["labels"])
+        total += summed
+        count += counted
     return (total / count if count else None), count
+
+
+def summed_loss(logits: Any, labels: Any, chunk: int = EVAL_LOSS_CHUNK_POSITIONS) -> tuple[float, int]:
+    """Summed cross-entropy of each position's logits against the next position's label, and how
+    many labelled positions that was, ``chunk`` positions at a time: the whole batch's fp32 logits
+    (4 bytes a position and vocabulary entry, and as much again for their log-softmax) would
+    outgrow the model at long sequences and large vocabularies."""
+    import torch
+
+    vocab = logits.size(-1)
+    targets = labels[:, 1:]
+    total = 0.0
+    positions = targets.size(1)  # the last position's logits predict nothing
+    for i in range(0, positions, chunk):
+        end = min(i + chunk, positions)
+        part = logits[:, i:end].float()
+        goal = targets[:, i:end]
+        loss = torch.nn.functional.cross_entropy(part.reshape(-1, vocab), goal.reshape(-1),
+                                                 ignore_index=IGNORE, reduction="sum")
+        total += float(loss.item())
+    return total, int((targets != IGNORE).sum().item())
 
 
 def generate_samples(model: Any, tokenizer: Any, rows: list[EvalRow], spec: Any, device: str

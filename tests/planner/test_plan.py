@@ -301,6 +301,26 @@ def test_eval_section_counts_the_kv_cache() -> None:
     assert long.total_bytes > short.total_bytes and short.fits
 
 
+def test_eval_section_counts_the_eval_losss_logits() -> None:
+    """The evaluation process's loss holds every position's logits of a batch in the model's dtype
+    and upcasts EVAL_LOSS_CHUNK_POSITIONS of them at a time (fp32 and its log-softmax); at long
+    sequences over a large vocabulary that outgrows generation's KV cache."""
+    from planner import constants as C
+
+    def evaluation(batch: int, seq_len: int, new_tokens: int) -> Any:
+        return plan(job(model={"name": "Qwen/Qwen2.5-7B"},
+                        eval={"max_new_tokens": new_tokens, "batch_size": batch},
+                        training={"micro_batch_size": 1, "seq_len": seq_len})).eval
+
+    vocab = 152064  # Qwen2.5-7B
+    e = evaluation(8, 2048, 0)
+    assert e.logits_bytes == 8 * vocab * (2048 * 2 + C.EVAL_LOSS_CHUNK_POSITIONS * 8)
+    assert e.logits_bytes > 2 * e.kv_cache_bytes
+    short = evaluation(8, 128, 0)
+    assert short.logits_bytes == 8 * vocab * 128 * (2 + 8)  # fewer positions than a chunk
+    assert e.total_bytes - short.total_bytes >= e.logits_bytes - short.logits_bytes
+
+
 def test_duration_from_dataset_rows() -> None:
     spec = job(
         dataset={"path": "/data/x.jsonl", "num_rows": 10_000, "eval_fraction": 0.0},
