@@ -82,11 +82,15 @@ ALLOCATOR_SOFTCAP_BLOCKS = 1.0
 #: micro-steps against 5.01 with one (+4.90; its bf16 gradients are 4.87 GiB) and Phi-3 mini 14.22
 #: against 7.07 (+7.15; 7.11 GiB), while the allocated peaks were the same to the byte.
 ALLOCATOR_ACCUMULATION_BLOCKS = 1.0
-#: Evaluation (generation, no optimizer): slack as a share of the allocated peak. Not fitted: no
-#: benchmark record covers evaluation. The two evaluations of the whole service on an H200
-#: (docs/service-gpu.md, run b) peaked at 4.65 and 2.49 GiB under NVML against 4.57 and 2.36
-#: planned (-1.7%, -5.2%).
+#: The evaluation process (eval loss, then generation; no DeepSpeed): reserved minus allocated, a
+#: share of the allocated peak and a fixed part, and NVML minus reserved (its CUDA context, without
+#: DeepSpeed's or NCCL's). Six evaluations on an H200 (bench/eval_memory.py,
+#: bench/results/eval-memory/): reserved minus allocated 0.12 GiB (Qwen2.5-0.5B, one row) and
+#: 1.23-1.83 GiB (7-20% of 7.2-19.4 GiB allocated) for the five larger ones, which this bounds from
+#: above; NVML minus reserved 0.67-0.72 GiB. Read off those six, not held out.
 EVAL_ALLOCATOR_SLACK_FRACTION = 0.10
+EVAL_ALLOCATOR_SLACK_BYTES = int(0.75 * GIB)
+EVAL_CUDA_CONTEXT_BYTES = int(0.70 * GIB)
 #: Positions of an eval batch whose logits the evaluation process upcasts to fp32 at once for the
 #: loss (worker/evaluate.py): the whole batch's would take 4 bytes a position and vocabulary entry,
 #: and as much again for their log-softmax.

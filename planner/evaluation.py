@@ -4,9 +4,10 @@ the eval loss, then generating with a KV cache.
 The eval loss runs ``eval.batch_size`` rows of the training sequence length through the model
 without a cache; the model returns every position's logits in its own dtype, and the loss upcasts
 ``EVAL_LOSS_CHUNK_POSITIONS`` positions of them at a time to fp32 (and as much again for their
-log-softmax). Generation, worst case: prompts as long as the training sequences, each extended by
-``eval.max_new_tokens``, logits of the last position only. The two run one after the other: the
-peak is the larger, on top of the weights.
+log-softmax; a soft-capped model's capping makes one more copy of its logits). Generation, worst
+case: prompts as long as the training sequences, each extended by ``eval.max_new_tokens``, logits
+of the last position only, beside the KV cache and one layer's prefill. The two run one after the
+other: the peak is the larger, on top of the weights (``bench/eval_memory.py`` measures it).
 """
 
 from __future__ import annotations
@@ -46,17 +47,23 @@ def estimate_eval(
         tokens * act * (2 * arch.q_dim + 2 * arch.kv_dim + 3 * arch.intermediate_size + 2 * arch.hidden_size)
     )
     generated = batch_size * arch.vocab_size * 4 * 2  # fp32 scores and their processed copy
-    chunk = min(prompt_tokens, C.EVAL_LOSS_CHUNK_POSITIONS)
-    loss = batch_size * arch.vocab_size * (prompt_tokens * act + chunk * 2 * _FP32)
+    # the eval loss: every position's logits in the model's dtype beside the final hidden states,
+    # then a chunk of positions upcast with its log-softmax, or, where the logits are soft-capped,
+    # the capping's one temporary as large as the logits
+    logits_all = tokens * arch.vocab_size * act
+    chunk = batch_size * min(prompt_tokens, C.EVAL_LOSS_CHUNK_POSITIONS) * arch.vocab_size * 2 * _FP32
+    capped = logits_all if arch.final_logit_softcapping else 0
+    loss = logits_all + max(chunk, capped) + tokens * arch.hidden_size * act
     logits = max(loss, generated)
-    allocated = weights + prefill + max(loss, kv + generated)
-    total = allocated * (1 + C.EVAL_ALLOCATOR_SLACK_FRACTION) + C.CUDA_CONTEXT_BYTES
+    allocated = weights + max(loss, prefill + kv + generated)
+    slack = allocated * C.EVAL_ALLOCATOR_SLACK_FRACTION + C.EVAL_ALLOCATOR_SLACK_BYTES
+    total = allocated + slack + C.EVAL_CUDA_CONTEXT_BYTES
     return EvalMemory(
         weights_bytes=int(weights),
         kv_cache_bytes=int(kv),
         activations_bytes=int(prefill),
         logits_bytes=int(logits),
-        cuda_context_bytes=C.CUDA_CONTEXT_BYTES,
+        cuda_context_bytes=C.EVAL_CUDA_CONTEXT_BYTES,
         total_bytes=int(total),
         prompt_tokens=prompt_tokens,
     )

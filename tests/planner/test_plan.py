@@ -312,13 +312,17 @@ def test_eval_section_counts_the_eval_losss_logits() -> None:
                         eval={"max_new_tokens": new_tokens, "batch_size": batch},
                         training={"micro_batch_size": 1, "seq_len": seq_len})).eval
 
-    vocab = 152064  # Qwen2.5-7B
+    vocab, hidden = 152064, 3584  # Qwen2.5-7B
     e = evaluation(8, 2048, 0)
-    assert e.logits_bytes == 8 * vocab * (2048 * 2 + C.EVAL_LOSS_CHUNK_POSITIONS * 8)
+    assert e.logits_bytes == 8 * 2048 * (vocab + hidden) * 2 + 8 * C.EVAL_LOSS_CHUNK_POSITIONS * vocab * 8
     assert e.logits_bytes > 2 * e.kv_cache_bytes
     short = evaluation(8, 128, 0)
-    assert short.logits_bytes == 8 * vocab * 128 * (2 + 8)  # fewer positions than a chunk
+    assert short.logits_bytes == 8 * 128 * ((vocab + hidden) * 2 + vocab * 8)  # fewer positions than a chunk
     assert e.total_bytes - short.total_bytes >= e.logits_bytes - short.logits_bytes
+    # a soft-capped model's capping holds a second copy of the logits, larger than the chunk here
+    gemma = plan(job(model={"name": "google/gemma-2-2b"}, eval={"max_new_tokens": 0, "batch_size": 4},
+                     training={"micro_batch_size": 1, "seq_len": 2048})).eval
+    assert gemma.logits_bytes == 4 * 2048 * (256000 * 2 * 2 + 2304 * 2)
 
 
 def test_duration_from_dataset_rows() -> None:
