@@ -438,7 +438,9 @@ def _resolved(s: Setup) -> Resolved:
     )
 
 
-def _eval(p: Prepared, e: EvalMemory) -> EvalEstimate:
+def _eval(p: Prepared, e: EvalMemory, training_bytes: int) -> EvalEstimate:
+    """The evaluation's figures; it fits beside training where the training's peak on its first
+    GPU (where the evaluation runs) and the evaluation's own fit the GPU together."""
     ev = p.spec.eval
     return EvalEstimate(
         weights_bytes=e.weights_bytes,
@@ -449,6 +451,7 @@ def _eval(p: Prepared, e: EvalMemory) -> EvalEstimate:
         total_bytes=e.total_bytes,
         capacity_bytes=p.bounds.gpu_bytes,
         fits=e.total_bytes <= p.bounds.gpu_usable,
+        fits_beside_training=e.total_bytes + training_bytes <= p.bounds.gpu_usable,
         batch_size=ev.batch_size,
         prompt_tokens=e.prompt_tokens,
         max_new_tokens=ev.max_new_tokens,
@@ -501,7 +504,7 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
             capacity_bytes=p.bounds.nvme_bytes,
             fits=chosen.memory.nvme_bytes <= p.bounds.nvme_bytes,
         ),
-        eval=_eval(p, e),
+        eval=_eval(p, e, chosen.memory.total_bytes),
         estimated_step_seconds=round(chosen.speed.step_seconds, 6),
         estimated_tokens_per_second=round(chosen.speed.tokens_per_second, 3),
         step_time_factor=p.rates.step_time_factor,

@@ -133,7 +133,10 @@ class EvalEstimate(_Out):
     cuda_context_bytes: int
     total_bytes: int
     capacity_bytes: int
-    fits: bool
+    fits: bool  # on a GPU of its own
+    #: beside the training's peak on the training's first GPU, where an evaluation of a checkpoint
+    #: taken during training (``eval.when: steps``) runs; the job's GPU lease then holds both
+    fits_beside_training: bool
     batch_size: int
     prompt_tokens: int
     max_new_tokens: int

@@ -479,7 +479,8 @@ def _eval_settings(run: JobRun) -> tuple[str, int | None, bool]:
     with session_scope(run.url) as s:
         spec, plan = s.execute(select(Job.spec, Job.plan).where(Job.id == run.job_id)).one()
     ev = (spec or {}).get("eval") or {}
-    fits = bool(((plan or {}).get("eval") or {}).get("fits"))
+    # beside the training only where the plan says both fit the card (its lease then holds both)
+    fits = bool(((plan or {}).get("eval") or {}).get("fits_beside_training"))
     return str(ev.get("when") or "end"), ev.get("every_steps"), fits
 
 

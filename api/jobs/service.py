@@ -206,6 +206,21 @@ def _refuse_unfit(plan: Plan) -> None:
                          plan=body, alternatives=body.get("alternatives", []))
 
 
+def leased_gpu_bytes(plan_json: dict[str, Any], spec: JobSpec) -> int:
+    """What the job's lease holds on each of its cards: the training's peak, and the evaluation's
+    where the job evaluates. An evaluation after training runs alone on the first card, so the
+    lease covers the larger of the two; one of a checkpoint taken during training
+    (``eval.when: steps``) runs beside the training where the plan says both fit, so the lease
+    covers their sum (otherwise it waits for the training to end)."""
+    training = int(plan_json["per_gpu"]["required_bytes"])
+    evaluation = plan_json["eval"]
+    if spec.eval.when.value == "none":
+        return training
+    if spec.eval.when.value == "steps" and evaluation["fits_beside_training"]:
+        return training + int(evaluation["total_bytes"])
+    return max(training, int(evaluation["total_bytes"]))
+
+
 def create_job(session: Session, settings: Settings, user: Principal, spec: JobSpec) -> tuple[JobRead, str]:
     """Validate, plan and store a queued job with its 'created' and audit events.
 
@@ -226,7 +241,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, status=JobStatus.QUEUED,
               priority=spec.priority, spec=spec.model_dump(mode="json"), plan=plan_json,
               dataset_id=dataset_id, num_gpus=plan.num_gpus, celery_task_id=task_id,
-              planned_peak_gpu_bytes=plan_json["per_gpu"]["required_bytes"],
+              planned_peak_gpu_bytes=leased_gpu_bytes(plan_json, spec),
               planned_host_bytes=plan_json["host"]["total_bytes"])
     session.add(job)
     session.add_all([

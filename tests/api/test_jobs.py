@@ -28,6 +28,26 @@ def test_submit_stores_queued_job_with_plan_and_enqueues_after_commit(env: Env) 
     assert shown.status_code == 200 and shown.json()["id"] == job["id"]
 
 
+def test_the_lease_holds_the_evaluation_where_the_job_evaluates(env: Env) -> None:
+    """An evaluation after training runs alone on the job's first card: the lease is the larger of
+    the training's peak and the evaluation's. One during training (eval.when: steps) runs beside
+    the training where the plan says both fit: the lease is their sum."""
+    def lease(**evaluation: object) -> tuple[int, dict[str, object]]:
+        job = env.submit(eval=evaluation, training={"max_steps": 10, "seq_len": 512, "save_steps": 5})
+        return job["planned_peak_gpu_bytes"], job["plan"]
+
+    none, plan = lease(when="none")
+    training = plan["per_gpu"]["required_bytes"]
+    assert none == training
+    # a long generation from many prompts: an evaluation larger than this small job's training
+    end, plan = lease(when="end", batch_size=64, max_new_tokens=4096)
+    evaluation = plan["eval"]["total_bytes"]
+    assert evaluation > training and end == evaluation
+    beside, plan = lease(when="steps", every_steps=5)
+    assert plan["eval"]["fits_beside_training"] is True
+    assert beside == training + plan["eval"]["total_bytes"]
+
+
 def test_the_task_is_sent_under_the_id_stored_with_the_job(env: Env) -> None:
     job = env.submit()
     from store.db import session_scope

@@ -325,6 +325,31 @@ def test_eval_section_counts_the_eval_losss_logits() -> None:
     assert gemma.logits_bytes == 4 * 2048 * (256000 * 2 * 2 + 2304 * 2)
 
 
+def test_an_evaluation_fits_beside_training_only_where_both_fit_the_gpu() -> None:
+    """A checkpoint's evaluation during training runs on the training's first GPU: it fits beside
+    the training where the training's peak and its own fit the GPU together, not merely alone."""
+    from planner import constants as C
+
+    def evaluation(gpu_gib: int) -> tuple[Any, Any]:
+        p = plan(job(model={"name": "Qwen/Qwen2.5-7B"}, method="lora",
+                     eval={"max_new_tokens": 64, "batch_size": 1},
+                     training={"micro_batch_size": 1, "seq_len": 1024, "gradient_checkpointing": True},
+                     resources={"num_gpus": 1, "zero_stage": 0, "offload_optimizer": "none",
+                                "offload_param": "none"},
+                     hardware=hardware(gpu_bytes=gpu_gib * GIB)))
+        return p.per_gpu, p.eval
+
+    roomy_training, roomy = evaluation(141)
+    assert roomy.fits and roomy.fits_beside_training
+    usable = lambda gib: gib * GIB * (1 - C.GPU_SAFETY_FRACTION)  # noqa: E731
+    # a GPU the training fits but not with the evaluation beside it
+    tight = next(g for g in range(20, 141)
+                 if usable(g) >= roomy_training.total_bytes
+                 and usable(g) < roomy_training.total_bytes + roomy.total_bytes)
+    training, squeezed = evaluation(tight)
+    assert training.total_bytes <= usable(tight) and squeezed.fits and not squeezed.fits_beside_training
+
+
 def test_duration_from_dataset_rows() -> None:
     spec = job(
         dataset={"path": "/data/x.jsonl", "num_rows": 10_000, "eval_fraction": 0.0},

@@ -44,7 +44,7 @@ def job_plan(num_gpus: int = 1, peak: int | None = 10 * GIB, eval_fits: bool = T
         "deepspeed_config": {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                              "zero_optimization": {"stage": 3}},
         "per_gpu": {"total_bytes": peak},
-        "eval": {"total_bytes": (peak or GIB) // 4, "fits": eval_fits},
+        "eval": {"total_bytes": (peak or GIB) // 4, "fits": True, "fits_beside_training": eval_fits},
     }
 
 
