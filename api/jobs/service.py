@@ -211,10 +211,11 @@ def leased_gpu_bytes(plan_json: dict[str, Any], spec: JobSpec) -> int:
     where the job evaluates. An evaluation after training runs alone on the first card, so the
     lease covers the larger of the two; one of a checkpoint taken during training
     (``eval.when: steps``) runs beside the training where the plan says both fit, so the lease
-    covers their sum (otherwise it waits for the training to end)."""
+    covers their sum (otherwise it waits for the training to end). An evaluation that fits no GPU
+    (the plan warns ``eval_memory``) fails on its own and is not held."""
     training = int(plan_json["per_gpu"]["required_bytes"])
     evaluation = plan_json["eval"]
-    if spec.eval.when.value == "none":
+    if spec.eval.when.value == "none" or not evaluation["fits"]:
         return training
     if spec.eval.when.value == "steps" and evaluation["fits_beside_training"]:
         return training + int(evaluation["total_bytes"])

@@ -40,12 +40,15 @@ def test_the_lease_holds_the_evaluation_where_the_job_evaluates(env: Env) -> Non
     training = plan["per_gpu"]["required_bytes"]
     assert none == training
     # a long generation from many prompts: an evaluation larger than this small job's training
-    end, plan = lease(when="end", batch_size=256, max_new_tokens=4096)
+    end, plan = lease(when="end", batch_size=96, max_new_tokens=4096)
     evaluation = plan["eval"]["total_bytes"]
     assert evaluation > training and end == evaluation
     beside, plan = lease(when="steps", every_steps=5)
     assert plan["eval"]["fits_beside_training"] is True
     assert beside == training + plan["eval"]["total_bytes"]
+    # an evaluation no GPU holds fails on its own: the lease is the training's
+    unheld, plan = lease(when="end", batch_size=1024, max_new_tokens=32768)
+    assert plan["eval"]["fits"] is False and unheld == training
 
 
 def test_the_task_is_sent_under_the_id_stored_with_the_job(env: Env) -> None:
