@@ -7,8 +7,8 @@ without a cache; the model returns every position's logits in its own dtype, and
 log-softmax; a soft-capped model's capping makes one more copy of its logits). Generation: prompts
 cut to their last ``seq_len - max_new_tokens`` tokens (as ``worker/evaluate.py`` cuts them), each
 extended by ``eval.max_new_tokens``, logits of the last position only, beside the KV cache and one
-layer's prefill. The two run one after the
-other: the peak is the larger, on top of the weights (``bench/eval_memory.py`` measures it).
+layer's prefill. The two run one after the other: the peak is the larger, on top of the weights
+(``bench/eval_memory.py`` measures it).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def estimate_eval(
     # then a chunk of positions upcast with its log-softmax, or, where the logits are soft-capped,
     # the capping's one temporary as large as the logits
     logits_all = tokens * arch.vocab_size * act
-    chunk = batch_size * min(prompt_tokens, C.EVAL_LOSS_CHUNK_POSITIONS) * arch.vocab_size * 2 * _FP32
+    chunk = batch_size * min(seq_len, C.EVAL_LOSS_CHUNK_POSITIONS) * arch.vocab_size * 2 * _FP32
     capped = logits_all if arch.final_logit_softcapping else 0
     loss = logits_all + max(chunk, capped) + tokens * arch.hidden_size * act
     logits = max(loss, generated)

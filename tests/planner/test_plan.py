@@ -319,6 +319,10 @@ def test_eval_section_counts_the_eval_losss_logits() -> None:
     short = evaluation(8, 128, 0)
     assert short.logits_bytes == 8 * 128 * ((vocab + hidden) * 2 + vocab * 8)  # fewer positions than a chunk
     assert e.total_bytes - short.total_bytes >= e.logits_bytes - short.logits_bytes
+    # the loss's rows are whole training sequences, whatever generation cuts its prompts to
+    answering = evaluation(8, 256, 128)
+    assert answering.prompt_tokens == 128
+    assert answering.logits_bytes == 8 * 256 * ((vocab + hidden) * 2 + vocab * 8)
     # a soft-capped model's capping holds a second copy of the logits, larger than the chunk here
     gemma = plan(job(model={"name": "google/gemma-2-2b"}, eval={"max_new_tokens": 0, "batch_size": 4},
                      training={"micro_batch_size": 1, "seq_len": 2048})).eval
