@@ -208,6 +208,14 @@ ZERO_STAGE3: dict[str, Any] = {
 }
 
 
+def hf_config(config: dict[str, Any]) -> Any:
+    """transformers' config object of a published ``config.json`` (a ``MODELS`` entry, or a spec's
+    ``model.config``), as every benchmark builds its random-weight model from it."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(**config)
+
+
 def zero_knobs(stage: int) -> dict[str, Any]:
     """The ZeRO knobs that apply to ``stage`` (none for stage 0, which has no ZeRO section)."""
     if stage == 0:

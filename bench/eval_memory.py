@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any
 
-from bench.cases import H200_MEMORY_BYTES, MODELS
+from bench.cases import H200_MEMORY_BYTES, MODELS, hf_config
 
 
 class _NvmlPeak(threading.Thread):
@@ -56,15 +56,14 @@ def planned(model: str, batch: int, seq: int, new: int) -> dict[str, int]:
 
 def measure(model_name: str, batch: int, seq: int, new: int) -> dict[str, Any]:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from worker._trainlib.data import IGNORE
     from worker.evaluate import summed_loss
 
     sampler = _NvmlPeak()
     sampler.start()
-    cfg = dict(MODELS[model_name])
-    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config = hf_config(MODELS[model_name])
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     vocab = int(config.vocab_size)

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: make ``bench`` and ``planner`` importable
     sys.path.insert(0, str(REPO))
 
-from bench.cases import HOST_MEMORY_PER_GPU_BYTES, MATRICES, Case, zero_knobs  # noqa: E402
+from bench.cases import HOST_MEMORY_PER_GPU_BYTES, MATRICES, Case, hf_config, zero_knobs  # noqa: E402
 
 # NVLink multicast must stay off on the shared multi-GPU hosts; children get these whatever the
 # caller's environment says.
@@ -867,11 +867,9 @@ _KEEP_ALIVE: list[Any] = []  # HfDeepSpeedConfig must outlive model construction
 
 def _build_model(spec: dict[str, Any], ds_config: dict[str, Any], device: Any, cuda: bool) -> Any:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    cfg = dict(spec["model"]["config"])
-    model_type = cfg.pop("model_type")
-    config = AutoConfig.for_model(model_type, **cfg)
+    config = hf_config(spec["model"]["config"])
     config.use_cache = False
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
         spec["training"].get("precision", "bf16")]

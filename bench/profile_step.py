@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from bench.cases import MODELS
+from bench.cases import MODELS, hf_config
 
 #: Steps run before the profiled ones (allocator and autotuning warm-up), and profiled steps.
 WARMUP_STEPS = 3
@@ -31,10 +31,9 @@ def _model(name: str, method: str, checkpointing: bool) -> Any:
     """The model as ``bench/measure.py`` builds it: random weights from the config, bf16, straight on
     the GPU, transformers' own attention; checkpointing and LoRA (q/k/v/o, r 16) as there."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    cfg = dict(MODELS[name])
-    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config = hf_config(MODELS[name])
     config.use_cache = False
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)

@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from bench.cases import MODELS
+from bench.cases import MODELS, hf_config
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = (  # noqa: SIM905 - one readable line of words
@@ -69,14 +69,14 @@ TINY = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_si
 def build_model(name: str, dest: Path, device: str) -> Path:
     """A random-init model of ``name``'s published architecture, saved in bf16 like a real one."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     dest.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(dest)
     raw = dict(TINY if device == "cpu" else MODELS[name])
     raw.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                pad_token_id=tokenizer.pad_token_id, torch_dtype="bfloat16")
-    config = AutoConfig.for_model(**raw)
+    config = hf_config(raw)
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
