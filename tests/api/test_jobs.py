@@ -40,7 +40,7 @@ def test_the_lease_holds_the_evaluation_where_the_job_evaluates(env: Env) -> Non
     training = plan["per_gpu"]["required_bytes"]
     assert none == training
     # a long generation from many prompts: an evaluation larger than this small job's training
-    end, plan = lease(when="end", batch_size=96, max_new_tokens=4096)
+    end, plan = lease(when="end", batch_size=32, max_new_tokens=4096)
     evaluation = plan["eval"]["total_bytes"]
     assert evaluation > training and end == evaluation
     beside, plan = lease(when="steps", every_steps=5)
