@@ -211,18 +211,21 @@ def _offload(facts: ModelFacts, s: Setup, rates: GpuRates, w: int) -> tuple[floa
 
     With the optimizer offloaded, DeepSpeed moves each gradient to the host from its backward hook
     at the accumulation boundary, beside the compute, into the fp32 partition (4 bytes a parameter,
-    upcast on the GPU). Before the boundary ZeRO-3 accumulates the partitions on the GPU; ZeRO-1/2
-    keep a bf16 host buffer per parameter that every later micro-step brings back, adds to and
-    sends down again. The optimizer step then only sends the updated bf16 weights back, unless the
+    upcast on the GPU). Before the boundary ZeRO-3 accumulates the partitions on the GPU, and so does
+    ZeRO-1 (its gradients stay in ``.grad`` until the boundary reduces them, once). ZeRO-2 reduces
+    every micro-step's gradients into a bf16 host buffer per parameter: the first micro-step sends
+    them down, each later one, the boundary's included, brings the buffer back, adds and sends it
+    down again. The optimizer step then only sends the updated bf16 weights back, unless the
     parameters live on the host too."""
     n = s.num_gpus
     part = facts.trainable_parameters / (1 if s.zero_stage == 0 else n)
     ga = s.gradient_accumulation_steps
     micro = boundary = step = 0.0
     if s.offload_optimizer != "none":
-        accumulating = ga > 1 and s.zero_stage < 3
-        micro = (2 * w * part if accumulating else 0.0) / rates.pcie_bytes_per_s
-        boundary = ((w * part if accumulating else 0.0) + _FP32 * part) / rates.pcie_bytes_per_s
+        accumulating = ga > 1 and s.zero_stage == 2
+        if accumulating:  # the mean of the micro-steps before the boundary
+            micro = (2 * ga - 3) / (ga - 1) * w * part / rates.pcie_bytes_per_s
+        boundary = ((2 * w * part if accumulating else 0.0) + _FP32 * part) / rates.pcie_bytes_per_s
         if not (s.zero_stage == 3 and s.offload_param != "none"):
             step = w * part / rates.pcie_bytes_per_s  # updated weights up
         if s.offload_optimizer == "nvme":
