@@ -820,6 +820,25 @@ def _heldout22() -> list[Case]:
     ]
 
 
+def _heldout23() -> list[Case]:
+    """Unseen configurations over ten steps for the planner that moves accumulated gradients as
+    DeepSpeed does under optimizer offload (ZeRO-1: nothing before the boundary and no host
+    buffer; ZeRO-2: the host buffer down, then up and down): ZeRO-1 and ZeRO-2 with optimizer
+    offload and accumulation 2-4, and, without offload, full ZeRO-2 and LoRA under ZeRO-3 with
+    accumulation, all on one GPU."""
+    h = "heldout23"
+    return [
+        make_case("qwen2.5-3b", "full", 1, "opt", True, 1024, 2, 4, group=h, steps=10),
+        make_case("phi-3-mini", "full", 1, "opt", True, 2048, 1, 2, group=h, steps=10),
+        make_case("llama-3.2-1b", "full", 2, "opt", True, 1024, 2, 4, group=h, steps=10),
+        make_case("qwen2.5-3b", "full", 2, "opt", True, 2048, 1, 3, group=h, steps=10),
+        make_case("gemma-2-2b", "full", 1, "opt", True, 1024, 2, 2, group=h, steps=10),
+        make_case("qwen2.5-0.5b", "full", 2, "opt", False, 1024, 4, 2, group=h, steps=10),
+        make_case("llama-3.2-3b", "full", 2, "none", True, 2048, 2, 2, group=h, steps=10),
+        make_case("qwen2.5-1.5b", "lora", 3, "none", True, 2048, 2, 2, group=h, steps=10),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -861,6 +880,7 @@ HELDOUT19_CASES: list[Case] = _heldout19()
 HELDOUT20_CASES: list[Case] = _heldout20()
 HELDOUT21_CASES: list[Case] = _heldout21()
 HELDOUT22_CASES: list[Case] = _heldout22()
+HELDOUT23_CASES: list[Case] = _heldout23()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -873,7 +893,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout17": HELDOUT17_CASES, "heldout18": HELDOUT18_CASES,
                                    "heldout19": HELDOUT19_CASES, "heldout20": HELDOUT20_CASES,
                                    "heldout21": HELDOUT21_CASES, "heldout22": HELDOUT22_CASES,
-                                   "limit": _limit_experiment()}
+                                   "heldout23": HELDOUT23_CASES, "limit": _limit_experiment()}
 
 
 def by_name() -> dict[str, Case]:
