@@ -114,7 +114,7 @@ class StepTerms:
     gpu_optimizer_params: float  # parameters one GPU updates on the GPU
     trainable_tensors: int  # parameter tensors the optimizer step walks, LoRA's A and B each one
     cpu_optimizer_params: float  # parameters all ranks update on the host's CPUs (they share its cores)
-    cpu_optimizer_zero3: bool  # that CPU step runs through ZeRO-3's offload path
+    cpu_optimizer_zero3: bool  # that CPU step casts each updated sub-group onto the GPU (ZeRO-3's weights)
     step_offload_seconds: float  # PCIe and NVMe traffic of the optimizer step (updated weights back)
     step_comm_seconds: float  # collectives at the accumulation boundary
     flops_per_micro: float  # per GPU
@@ -277,7 +277,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         # every rank's DeepSpeedCPUAdam runs OpenMP threads over the same cores: the host's CPU step
         # takes as long as updating all ranks' partitions at the host's rate
         cpu_optimizer_params=facts.trainable_parameters if on_cpu else 0.0,
-        cpu_optimizer_zero3=s.zero_stage == 3,
+        cpu_optimizer_zero3=s.zero_stage == 3 and s.offload_param == "none",
         step_offload_seconds=off_step,
         step_comm_seconds=_step_comm(facts, s, w),
         flops_per_micro=flops,

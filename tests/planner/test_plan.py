@@ -499,6 +499,30 @@ def test_only_zero2_keeps_a_host_accumulation_buffer_under_optimizer_offload() -
     assert host_grads(2, 4) - host_grads(2, 1) == 2 * trainable
 
 
+def test_zero3_cpu_step_costs_more_only_where_it_copies_the_updated_weights_to_the_gpu() -> None:
+    """Under ZeRO-3 the CPU optimizer copies each updated fp32 sub-group into the GPU's bf16
+    partition and waits for it; with the parameters offloaded too they stay on the host, and the
+    step takes what ZeRO-1/2's does per parameter."""
+    from dataclasses import replace
+
+    from planner.core import _base_setup, prepare
+    from planner.speed import step_phases, step_terms
+
+    p = prepare(job(model={"name": "Qwen/Qwen2.5-0.5B"}, method="full"))
+    base = replace(_base_setup(p), num_gpus=1, offload_optimizer="cpu", gradient_accumulation_steps=1)
+    k = SpeedConstants()
+
+    def cpu_step(stage: int, offload_param: str) -> float:
+        t = step_terms(p.facts, replace(base, zero_stage=stage, offload_param=offload_param), p.rates)
+        return step_phases(t, k)[1] - step_phases(replace(t, cpu_optimizer_params=0.0), k)[1]
+
+    trainable = p.facts.trainable_parameters
+    assert cpu_step(3, "none") == pytest.approx(trainable * k.cpu_optimizer_s_per_param_zero3)
+    assert cpu_step(3, "cpu") == pytest.approx(trainable * k.cpu_optimizer_s_per_param_zero12)
+    assert cpu_step(2, "none") == pytest.approx(cpu_step(3, "cpu"))
+    assert cpu_step(3, "none") > cpu_step(3, "cpu")
+
+
 def test_optimizer_offload_sends_gradients_in_the_boundary_backward_and_weights_in_the_step() -> None:
     """DeepSpeed sends each gradient to the host from its backward hook at the accumulation
     boundary (fp32, 4 bytes a parameter), beside the compute; ZeRO-2 keeps a bf16 host buffer that
