@@ -839,6 +839,20 @@ def _heldout23() -> list[Case]:
     ]
 
 
+def _heldout24() -> list[Case]:
+    """Unseen full fine-tuning under ZeRO-3 with the optimizer and the parameters offloaded, on one
+    GPU over ten steps, for the planner whose CPU step there runs at ZeRO-1/2's rate (55d43c8):
+    1B to 3B, with and without checkpointing, sequence 1024-4096, accumulation 1-2."""
+    h = "heldout24"
+    return [
+        make_case("llama-3.2-3b", "full", 3, "opt+param", True, 1024, 2, 1, group=h, steps=10),
+        make_case("qwen2.5-1.5b", "full", 3, "opt+param", True, 2048, 2, 1, group=h, steps=10),
+        make_case("llama-3.2-1b", "full", 3, "opt+param", True, 4096, 1, 1, group=h, steps=10),
+        make_case("qwen2.5-3b", "full", 3, "opt+param", False, 1024, 2, 1, group=h, steps=10),
+        make_case("gemma-2-2b", "full", 3, "opt+param", True, 2048, 1, 2, group=h, steps=10),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -881,6 +895,7 @@ HELDOUT20_CASES: list[Case] = _heldout20()
 HELDOUT21_CASES: list[Case] = _heldout21()
 HELDOUT22_CASES: list[Case] = _heldout22()
 HELDOUT23_CASES: list[Case] = _heldout23()
+HELDOUT24_CASES: list[Case] = _heldout24()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -893,7 +908,8 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout17": HELDOUT17_CASES, "heldout18": HELDOUT18_CASES,
                                    "heldout19": HELDOUT19_CASES, "heldout20": HELDOUT20_CASES,
                                    "heldout21": HELDOUT21_CASES, "heldout22": HELDOUT22_CASES,
-                                   "heldout23": HELDOUT23_CASES, "limit": _limit_experiment()}
+                                   "heldout23": HELDOUT23_CASES, "heldout24": HELDOUT24_CASES,
+                                   "limit": _limit_experiment()}
 
 
 def by_name() -> dict[str, Case]:
