@@ -793,13 +793,16 @@ def repeats(rows: Sequence[Row]) -> list[str]:
         return ["- no configuration was measured more than once"]
     lines = ["| case | runs | NVML peak GiB | spread | step s | spread | host probe µs |",
              "|---|---|---|---|---|---|---|"]
-    peak_spreads, step_spreads = [], []
+    peak_spreads, step_spreads, from_median, planned = [], [], [], []
     for case, rs in sorted(repeated.items()):
         peaks = [r.measured("nvml_peak_bytes") or 0.0 for r in rs]
         steps = [r.measured("step_seconds") or 0.0 for r in rs]
         probes = [host_probe_us(r.record) for r in rs]
         peak_spreads.append(_spread(peaks))
         step_spreads.append(_spread(steps))
+        middle = statistics.median(steps)
+        from_median += [middle / v - 1 for v in steps]
+        planned += [r.plan.estimated_step_seconds / v - 1 for r, v in zip(rs, steps, strict=True) if r.plan]
         lines.append(
             f"| {case} | {', '.join(r.source for r in rs)} | "
             f"{', '.join(_gib(v) for v in peaks)} | {peak_spreads[-1] * 100:.1f}% | "
@@ -810,6 +813,10 @@ def repeats(rows: Sequence[Row]) -> list[str]:
         f"- {len(repeated)} configurations measured more than once: NVML peak spread median "
         f"{statistics.median(peak_spreads) * 100:.1f}%, largest {max(peak_spreads) * 100:.1f}%; step time "
         f"spread median {statistics.median(step_spreads) * 100:.1f}%, largest {max(step_spreads) * 100:.1f}%",
+        "- an estimator that knew each of these configurations' median measured step time, planning it "
+        f"for every run of it: {_stats(from_median)}; within ±25%: "
+        f"{sum(abs(e) <= 0.25 for e in from_median)} of {len(from_median)}; the planner on the same "
+        f"runs: {_stats(planned)}; within ±25%: {sum(abs(e) <= 0.25 for e in planned)} of {len(planned)}",
         "",
         *lines,
     ]

@@ -111,6 +111,22 @@ def test_repeats_report_how_far_runs_of_one_configuration_are_apart() -> None:
     assert "again.jsonl" in row and "| 10.0% |" in row and "| 50.0% |" in row
 
 
+def test_repeats_report_what_knowing_each_configurations_median_would_miss() -> None:
+    """The floor no planner of one step time per configuration can beat: each run against the
+    median of its configuration's runs."""
+    accuracy = _accuracy()
+    first = next(r for r in accuracy.load_records([FIXTURE]) if r["status"] == "ok")
+    t = first["measured"]["step_seconds"]
+    runs = [{**first, "_source": f"run-{i}.jsonl", "measured": {**first["measured"], "step_seconds": t * f}}
+            for i, f in enumerate((1.0, 1.5, 2.5))]
+    lines = accuracy.repeats(accuracy.plan_records(runs))
+    (floor,) = [line for line in lines if line.startswith("- an estimator that knew")]
+    # the median run is 1.5 t: +50% for the fastest, 0 for itself, -40% for the slowest
+    assert "within ±25%: 1 of 3; the planner on the same runs:" in floor
+    assert floor.count("(3 cases)") == 2  # the planner is held against the same three runs
+    assert "worst under-estimate -40.0%, worst over-estimate +50.0%" in floor
+
+
 def test_a_calibration_configuration_measured_by_another_file_is_counted_apart() -> None:
     """A record of a file the constants were not fitted on is held-out only when no calibration
     record has its configuration; otherwise it is the same configuration measured again."""
