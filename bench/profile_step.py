@@ -70,6 +70,12 @@ def profile(name: str, method: str, seq: int, micro_batch: int, checkpointing: b
     for _ in range(WARMUP_STEPS):
         step()
     torch.cuda.synchronize()
+    plain = []  # the same steps without the profiler, whose own hooks slow the host
+    for _ in range(PROFILED_STEPS):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        plain.append(time.perf_counter() - t0)
     walls = []
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(PROFILED_STEPS):
@@ -89,6 +95,7 @@ def profile(name: str, method: str, seq: int, micro_batch: int, checkpointing: b
         "case": f"{name}|{method}|s{seq}|mb{micro_batch}|{'ckpt' if checkpointing else 'nockpt'}",
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "wall_s_per_step": round(sum(walls) / len(walls), 4),
+        "unprofiled_wall_s_per_step": round(sum(plain) / len(plain), 4),
         "gpu_kernel_s_per_step": round(device_us / 1e6 / PROFILED_STEPS, 4),
         "kernel_launches_per_step": launches // PROFILED_STEPS,
         "top_kernels_ms_per_step": [[e.key[:90], round(e.self_device_time_total / 1e3 / PROFILED_STEPS, 2),
