@@ -1354,6 +1354,14 @@ HISTORY = [
     "no count (194 of 225), so they stay. Seventeen configurations ran more than once: a planner "
     "that knew each one's median measured step time would put 38 of their 43 runs within ±25%; "
     "this one puts 30.",
+    "- 2026-12-01: Gemma 2 2B's full ZeRO-2 step with checkpointing, planned 20-38% short in four "
+    "records, measured again in one session on the one-GPU box (`nvidia-h200-2026-12-01-gemma-a`, "
+    "`-b`, `-c.jsonl`; the cases' own probes 17.6-18.7 us): 2 x 1024 tokens 0.393 and 0.360 s, 1 x "
+    "2048 tokens 0.335 s (planned 0.254-0.262: -35.3%, -29.2%, -21.9%). In plain PyTorch "
+    "(`bench/profile_step.py`, bf16 weights and fused AdamW, no DeepSpeed; "
+    "`bench/results/profile/nvidia-h200-2026-12-01-b.jsonl`) the same shapes took 0.247 and 0.278 s, "
+    "Llama 3.2 3B's 0.188 and 0.206 s; Llama 3.2 3B under ZeRO-2 (heldout23) was planned within "
+    "+4.4%. The extra time is Gemma 2's under DeepSpeed; no term of the planner accounts for it.",
 ]
 
 
