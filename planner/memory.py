@@ -432,10 +432,8 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         # the copy back to the GPU, and a pinned bf16 staging buffer of the largest parameter
         master = n * _pinned(_FP32 * part, pin)
         grads = n * _pinned(_FP32 * part, pin)
-        if s.gradient_accumulation_steps > 1 and s.zero_stage == 2:
-            # per-parameter accumulation buffers across micro-steps; ZeRO-1 accumulates in .grad on
-            # the GPU and reduces once, at the boundary, so it never fills them
-            grads += n * w * part
+        if s.host_accumulation_buffer:
+            grads += n * w * part  # per-parameter accumulation buffers across micro-steps
         pinned += n * (_pinned(w * part, pin) + _pinned(w * _largest_trainable(facts), pin))
         optimizer = moments * t
     elif s.offload_optimizer == "nvme":

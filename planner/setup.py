@@ -53,6 +53,15 @@ class Setup:
         return self.micro_batch_size * self.seq_len
 
     @property
+    def host_accumulation_buffer(self) -> bool:
+        """Whether DeepSpeed accumulates gradients in a bf16 host buffer per parameter across
+        micro-steps: ZeRO-2 with the optimizer offloaded and accumulation, which reduces (and moves)
+        every micro-step's gradients. ZeRO-1 keeps them in ``.grad`` on the GPU until the boundary
+        reduces them once; ZeRO-3 accumulates its partitions on the GPU."""
+        offloaded = self.offload_optimizer != "none"
+        return self.zero_stage == 2 and offloaded and self.gradient_accumulation_steps > 1
+
+    @property
     def global_batch(self) -> int:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.num_gpus
 

@@ -222,7 +222,7 @@ def _offload(facts: ModelFacts, s: Setup, rates: GpuRates, w: int) -> tuple[floa
     ga = s.gradient_accumulation_steps
     micro = boundary = step = 0.0
     if s.offload_optimizer != "none":
-        accumulating = ga > 1 and s.zero_stage == 2
+        accumulating = s.host_accumulation_buffer
         if accumulating:  # the mean of the micro-steps before the boundary
             micro = (2 * ga - 3) / (ga - 1) * w * part / rates.pcie_bytes_per_s
         boundary = ((2 * w * part if accumulating else 0.0) + _FP32 * part) / rates.pcie_bytes_per_s
