@@ -67,22 +67,21 @@ def profile(name: str, method: str, seq: int, micro_batch: int, checkpointing: b
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(WARMUP_STEPS):
-        step()
-    torch.cuda.synchronize()
-    plain = []  # the same steps without the profiler, whose own hooks slow the host
-    for _ in range(PROFILED_STEPS):
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        plain.append(time.perf_counter() - t0)
-    walls = []
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    def timed_steps() -> list[float]:
+        walls = []
         for _ in range(PROFILED_STEPS):
             t0 = time.perf_counter()
             step()
             torch.cuda.synchronize()
             walls.append(time.perf_counter() - t0)
+        return walls
+
+    for _ in range(WARMUP_STEPS):
+        step()
+    torch.cuda.synchronize()
+    plain = timed_steps()  # the same steps without the profiler, whose own hooks slow the host
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        walls = timed_steps()
     events = prof.key_averages()
     device_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
     kernels = sorted((e for e in events if e.device_type.name == "CUDA"),
