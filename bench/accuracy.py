@@ -527,7 +527,7 @@ def cross_validation(rows: Sequence[Row]) -> list[str]:
 
 _SPEED_FIELDS = (
     "mfu",
-    "layer_pass_s",
+    "layer_op_s",
     "zero3_fetch_pass_s",
     "zero3_hook_pass_s",
     "zero3_collective_pass_s",

@@ -70,6 +70,7 @@ class Arch:
     linears: tuple[Linear, ...]  # of one decoder layer
     norm_sizes: tuple[int, ...]  # weights of one decoder layer's norms (incl. q/k norms)
     final_logit_softcapping: float | None
+    attn_logit_softcapping: float | None  # Gemma 2 caps its attention logits (under eager attention)
     sliding_window: int | None
 
     @property
@@ -194,10 +195,10 @@ def _optional_float(cfg: Mapping[str, Any], key: str) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _softcap(cfg: Mapping[str, Any]) -> float | None:
-    if "final_logit_softcapping" not in cfg:
-        return 30.0  # Gemma2Config's default
-    return _optional_float(cfg, "final_logit_softcapping")
+def _softcap(cfg: Mapping[str, Any], key: str, default: float) -> float | None:
+    if key not in cfg:
+        return default  # Gemma2Config's
+    return _optional_float(cfg, key)
 
 
 def arch_from_config(cfg: Mapping[str, Any], where: str = "model.config") -> Arch:
@@ -227,6 +228,7 @@ def arch_from_config(cfg: Mapping[str, Any], where: str = "model.config") -> Arc
     max_pos = _field(cfg, "max_position_embeddings", where, default=_MAX_POS_DEFAULT[model_type])
     tie = cfg.get("tie_word_embeddings", _TIE_DEFAULT[model_type])
     window = cfg.get("sliding_window")
+    gemma2 = model_type == "gemma2"
     return Arch(
         model_type=model_type,
         hidden_size=hidden,
@@ -241,6 +243,7 @@ def arch_from_config(cfg: Mapping[str, Any], where: str = "model.config") -> Arc
         torch_dtype=_dtype(cfg),
         linears=_linears(model_type, cfg, hidden, inter, heads * head_dim, kv_heads * head_dim),
         norm_sizes=_norm_sizes(model_type, hidden, head_dim),
-        final_logit_softcapping=_softcap(cfg) if model_type == "gemma2" else None,
+        final_logit_softcapping=_softcap(cfg, "final_logit_softcapping", 30.0) if gemma2 else None,
+        attn_logit_softcapping=_softcap(cfg, "attn_logit_softcapping", 50.0) if gemma2 else None,
         sliding_window=window if isinstance(window, int) and not isinstance(window, bool) else None,
     )

@@ -5,8 +5,9 @@ lookup not) plus causal attention, 2·seq·q_dim per layer; backward costs twice
 fine-tuning and once for frozen weights (LoRA computes input gradients only); recomputation under
 gradient checkpointing adds one more forward.
 
-A micro-step takes two clocks: the GPU's (FLOPs at the GPU's rate × MFU) and the host's (Python,
-kernel launches and ZeRO-3's fetch/release hooks per module, plus the all-gather/reduce-scatter
+A micro-step takes two clocks: the GPU's (FLOPs at the GPU's rate × MFU) and the host's (a cost
+per operation the decoder layers dispatch, ``planner/ops.py``: Python, autograd and the kernel
+launch; ZeRO-3's fetch/release hooks per module, plus the all-gather/reduce-scatter
 synchronisation of each module when ZeRO-3 spans several GPUs). The host queues kernels ahead of
 the GPU, so the two overlap: a small model is bound by the host, a large one by its FLOPs. They
 overlap imperfectly where they are close (each layer's pass is bound by one or the other, and the
@@ -30,6 +31,7 @@ from functools import lru_cache
 
 from planner import constants as C
 from planner.memory import ModelFacts, moment_bytes_per_param, weight_bytes
+from planner.ops import layer_ops
 from planner.setup import Setup
 
 __all__ = [
@@ -85,7 +87,7 @@ class SpeedConstants:
     """The fitted step-time constants (planner/constants.py holds the values in use)."""
 
     mfu: float = C.MFU
-    layer_pass_s: float = C.LAYER_PASS_OVERHEAD_S
+    layer_op_s: float = C.LAYER_OP_SECONDS
     zero3_fetch_pass_s: float = C.ZERO3_FETCH_PASS_OVERHEAD_S
     zero3_hook_pass_s: float = C.ZERO3_HOOK_PASS_OVERHEAD_S
     zero3_collective_pass_s: float = C.ZERO3_COLLECTIVE_PASS_OVERHEAD_S
@@ -103,7 +105,7 @@ class StepTerms:
 
     accumulation: int
     gpu_seconds_at_full_rate: float  # one micro-step's FLOPs at 100% of the GPU's rate
-    layer_passes: int  # decoder layers × passes, one micro-step
+    layer_ops: int  # operations the decoder layers dispatch in one micro-step (planner/ops.py)
     zero3_fetch_passes: int  # modules whose parameters ZeRO-3 gathers × passes (0 without ZeRO-3)
     zero3_hook_passes: int  # the other modules ZeRO-3 hooks × passes (0 without ZeRO-3)
     zero3_collective_passes: int  # the gathering passes, when ZeRO-3 spans several GPUs
@@ -255,6 +257,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     gpu, flops = _gpu_seconds(facts, s, rates)
     passes = 3 if s.gradient_checkpointing else 2
     layer_passes = passes * facts.arch.num_layers
+    ops = layer_ops(facts.arch, s.method, facts.lora, s.attn_implementation)
     gathering, other = _modules_per_layer(facts, int(s.knobs.param_persistence_threshold))
     fetch_passes = layer_passes * gathering if s.zero_stage == 3 else 0
     hook_passes = layer_passes * other if s.zero_stage == 3 else 0
@@ -264,7 +267,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     return StepTerms(
         accumulation=s.gradient_accumulation_steps,
         gpu_seconds_at_full_rate=gpu,
-        layer_passes=layer_passes,
+        layer_ops=facts.arch.num_layers * ops.per_micro_step(s.gradient_checkpointing),
         zero3_fetch_passes=fetch_passes,
         zero3_hook_passes=hook_passes,
         zero3_collective_passes=fetch_passes if s.num_gpus > 1 else 0,
@@ -302,7 +305,7 @@ def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
     trainable tensors), CPU optimizer per step) seconds."""
     hf = t.host_clock_factor**k.host_clock_exponent
     host = hf * (
-        t.layer_passes * k.layer_pass_s
+        t.layer_ops * k.layer_op_s
         + t.zero3_fetch_passes * k.zero3_fetch_pass_s
         + t.zero3_hook_passes * k.zero3_hook_pass_s
         + t.zero3_collective_passes * k.zero3_collective_pass_s
