@@ -32,7 +32,7 @@ from functools import lru_cache
 from planner.arch import Arch
 from planner.lora import LoraTargets
 
-__all__ = ["LayerOps", "layer_ops"]
+__all__ = ["LayerOps", "layer_modules", "layer_ops"]
 
 _NORM = (8, 16)
 _GEMMA_NORM = (10, 17)
@@ -43,6 +43,13 @@ _ATTENTION_SOFTCAP = (3, 6)
 _ADAPTER = (7, 7)
 _ADAPTER_NO_DROPOUT = (4, 6)
 _DEQUANTIZE = (3, 3)
+
+#: Modules a decoder layer runs besides its norms and linears: the layer, attention, MLP, activation.
+_LAYER_MODULES = 4
+#: Modules peft runs per adapted linear: its wrapper, the dropout (or identity), A and B.
+_ADAPTER_MODULES = 4
+#: Phi-3's decoder layer runs two residual dropouts as modules of their own.
+_EXTRA_MODULES = {"phi3": 2}
 
 #: Fused projections and the projections they stand for.
 _FUSED_PARTS = {"qkv_proj": 3, "gate_up_proj": 2}
@@ -88,3 +95,18 @@ def layer_ops(arch: Arch, method: str, lora: LoraTargets | None, attn_implementa
         forward += len(lora.layer_linears) * adapter[0]
         backward += len(lora.layer_linears) * adapter[1]
     return LayerOps(forward, backward)
+
+
+@lru_cache(maxsize=256)
+def layer_modules(arch: Arch, lora: LoraTargets | None) -> int:
+    """The ``nn.Module`` calls of one decoder layer's forward, each of which ZeRO-3's fetch and
+    release hooks run on: the layer, its attention, MLP, activation, norms and linears (Phi-3's
+    residual dropouts too), and per LoRA adapter peft's wrapper, dropout, A and B."""
+    adapters = len(lora.layer_linears) if lora else 0
+    return (
+        _LAYER_MODULES
+        + len(arch.norm_sizes)
+        + len(arch.linears)
+        + _EXTRA_MODULES.get(arch.model_type, 0)
+        + _ADAPTER_MODULES * adapters
+    )

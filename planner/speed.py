@@ -31,7 +31,7 @@ from functools import lru_cache
 
 from planner import constants as C
 from planner.memory import ModelFacts, moment_bytes_per_param, weight_bytes
-from planner.ops import layer_ops
+from planner.ops import layer_modules, layer_ops
 from planner.setup import Setup
 
 __all__ = [
@@ -162,12 +162,10 @@ def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, f
 
 @lru_cache(maxsize=256)
 def _modules_per_layer(facts: ModelFacts, persistence_threshold: int) -> tuple[int, int]:
-    """(gathering, other) nn.Modules of one decoder layer that ZeRO-3 hooks.
-
-    All of them: its linears, the layer, attention, MLP, activation and two norms; peft adds six per
-    adapted linear (lora_A/lora_B/lora_dropout ModuleDicts and the modules inside them). Only a
-    module holding a parameter above ``stage3_param_persistence_threshold`` waits for an
-    all-gather; the others (norms, small adapters) stay whole on every GPU and cost only the hook.
+    """(gathering, other) nn.Modules of one decoder layer that ZeRO-3 hooks: all it runs
+    (``planner/ops.py``'s ``layer_modules``). Only a module holding a parameter above
+    ``stage3_param_persistence_threshold`` waits for an all-gather; the others (norms, small
+    adapters) stay whole on every GPU and cost only the hook.
     """
     arch = facts.arch
     gathering = sum(1 for lin in arch.linears if lin.in_features * lin.out_features > persistence_threshold)
@@ -177,8 +175,7 @@ def _modules_per_layer(facts: ModelFacts, persistence_threshold: int) -> tuple[i
             (r * lin.in_features > persistence_threshold) + (r * lin.out_features > persistence_threshold)
             for lin in facts.lora.layer_linears
         )
-    adapted = len(facts.lora.layer_linears) if facts.lora else 0
-    return gathering, len(arch.linears) + 6 + 6 * adapted - gathering
+    return gathering, layer_modules(arch, facts.lora) - gathering
 
 
 def _micro_comm(facts: ModelFacts, s: Setup, w: int) -> float:

@@ -15,7 +15,7 @@ import pytest
 
 from planner import Setup, arch_from_config, resolve_lora
 from planner.facts import model_facts
-from planner.ops import layer_ops
+from planner.ops import layer_modules, layer_ops
 from planner.speed import GpuRates, step_terms
 from tests.planner.support import TINY_CONFIGS
 
@@ -126,3 +126,29 @@ def test_gemma2_layers_dispatch_more_than_llama_layers_of_the_same_shape() -> No
     no_cap = arch_from_config({**TINY_CONFIGS["gemma2"], "attn_logit_softcapping": None})
     assert layer_ops(no_cap, "full", None, "eager").forward < gemma2.forward
     assert layer_ops(no_cap, "full", None, "sdpa").forward < layer_ops(no_cap, "full", None, "eager").forward
+
+
+@pytest.mark.parametrize(
+    ("family", "targets"),
+    [("llama", None), ("qwen3", None), ("gemma2", None), ("phi3", None), ("llama", ATTENTION),
+     ("gemma2", ALL), ("phi3", ["qkv_proj", "o_proj"])],
+)
+def test_layer_modules_are_the_modules_a_layer_runs(family: str, targets: list[str] | None) -> None:
+    """ZeRO-3 hooks every module; the hooks that cost time are those of the modules a forward calls."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = dict(TINY_CONFIGS[family])
+    hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
+    if targets:
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_dropout=0.05, target_modules=targets))
+    layer = model.get_decoder().layers[0]
+    calls: list[str] = []
+    for module in layer.modules():
+        module.register_forward_pre_hook(lambda m, args: calls.append(type(m).__name__))
+    ids = torch.randint(0, config["vocab_size"], (1, 8))
+    model(input_ids=ids)
+    arch = arch_from_config(TINY_CONFIGS[family])
+    lora = resolve_lora(arch, 8, targets, 0.05) if targets else None
+    assert layer_modules(arch, lora) == len(calls), sorted(calls)
