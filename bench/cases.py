@@ -159,6 +159,36 @@ LLAMA32_1B: dict[str, Any] = {
 }
 
 
+# Qwen/Qwen3-4B config.json: a family no other matrix ran (query and key norms in every layer).
+QWEN3_4B: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2560,
+    "initializer_range": 0.02,
+    "intermediate_size": 9728,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+
 def _catalogued(name: str) -> dict[str, Any]:
     """Architecture fields of a model in the planner's catalogue (each entry cites its config.json)."""
     return copy.deepcopy(lookup(name).config)
@@ -186,6 +216,8 @@ MODELS: dict[str, dict[str, Any]] = {
     # Only in the logits matrix: Gemma 2 2B with its final logit soft-capping switched off, to
     # tell the soft-capping's blocks from the rest of the family's.
     "gemma-2-2b-nosoftcap": {**_catalogued("google/gemma-2-2b"), "final_logit_softcapping": None},
+    # Only in the twenty-fifth held-out matrix.
+    "qwen3-4b": QWEN3_4B,
 }
 
 # The machine the matrix was written for: one H200 (143771 MiB as NVML reports it) in a host of
@@ -268,7 +300,8 @@ def lora_param_count(cfg: dict[str, Any], r: int, targets: list[str]) -> int:
     hd = cfg.get("head_dim") or h // heads
     shapes = {"q_proj": (h, heads * hd), "k_proj": (h, kv * hd), "v_proj": (h, kv * hd),
               "o_proj": (heads * hd, h), "gate_proj": (h, cfg["intermediate_size"]),
-              "up_proj": (h, cfg["intermediate_size"]), "down_proj": (cfg["intermediate_size"], h)}
+              "up_proj": (h, cfg["intermediate_size"]), "down_proj": (cfg["intermediate_size"], h),
+              "qkv_proj": (h, (heads + 2 * kv) * hd), "gate_up_proj": (h, 2 * cfg["intermediate_size"])}
     return int(cfg["num_hidden_layers"] * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets))
 
 
@@ -320,10 +353,14 @@ def _offload_tag(opt: bool, param: bool) -> str:
     return "opt+param" if param else ("opt" if opt else "none")
 
 
+_ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
 def make_case(model: str, method: str, stage: int, offload: str, ckpt: bool, seq: int, mb: int,
               ga: int, gpus: int = 1, *, group: str = "rest", steps: int = 3,
-              expect: str = "ok") -> Case:
-    """One case; ``offload`` is none | opt | opt+param (the last only with stage 3)."""
+              expect: str = "ok", targets: tuple[str, ...] = _ATTENTION_TARGETS) -> Case:
+    """One case; ``offload`` is none | opt | opt+param (the last only with stage 3); LoRA adapts
+    ``targets`` (other than q/k/v/o, they end the case's name: ``|t=qkv.o``)."""
     off_opt, off_param = offload in ("opt", "opt+param"), offload == "opt+param"
     if off_param and stage != 3:
         raise ValueError("parameter offload needs ZeRO-3")
@@ -331,12 +368,14 @@ def make_case(model: str, method: str, stage: int, offload: str, ckpt: bool, seq
                      "ckpt" if ckpt else "nockpt", f"s{seq}", f"mb{mb}", f"g{ga}"])
     if gpus > 1:
         name += f"|gpus{gpus}"
+    if targets != _ATTENTION_TARGETS:
+        name += "|t=" + ".".join(t.removesuffix("_proj") for t in targets)
     spec: dict[str, Any] = {
         "name": name,
         "model": {"config": copy.deepcopy(MODELS[model])},
         "method": method,
         "lora": {"r": 16, "alpha": 32, "dropout": 0.05,
-                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+                 "target_modules": list(targets)},
         "training": {"max_steps": 2 + steps, "epochs": None, "micro_batch_size": mb,
                      "gradient_accumulation_steps": ga, "seq_len": seq,
                      "gradient_checkpointing": ckpt, "precision": "bf16", "optimizer": "adamw",
@@ -853,6 +892,27 @@ def _heldout24() -> list[Case]:
     ]
 
 
+def _heldout25() -> list[Case]:
+    """Unseen configurations over ten steps for the planner whose host clock counts the operations
+    and modules a decoder layer runs (planner/ops.py): Qwen3, a family no matrix ran (four norms a
+    layer), LoRA on all seven projections and on Phi-3's fused ones, Gemma 2 shapes not measured,
+    and LoRA under ZeRO-3, all on one GPU."""
+    h = "heldout25"
+    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    return [
+        make_case("qwen3-4b", "full", 2, "none", True, 1024, 2, 1, group=h, steps=10),
+        make_case("qwen3-4b", "lora", 0, "none", False, 1024, 2, 1, group=h, steps=10),
+        make_case("qwen3-4b", "lora", 3, "none", True, 2048, 1, 1, group=h, steps=10),
+        make_case("llama-3.2-1b", "lora", 0, "none", False, 1024, 4, 1, group=h, steps=10, targets=every),
+        make_case("qwen2.5-1.5b", "lora", 2, "none", True, 2048, 2, 1, group=h, steps=10, targets=every),
+        make_case("phi-3-mini", "lora", 0, "none", False, 2048, 2, 1, group=h, steps=10,
+                  targets=("qkv_proj", "o_proj")),
+        make_case("gemma-2-2b", "lora", 1, "none", True, 1024, 2, 1, group=h, steps=10),
+        make_case("gemma-2-2b", "full", 1, "none", False, 1024, 1, 2, group=h, steps=10),
+        make_case("llama-3.2-3b", "lora", 3, "none", False, 1024, 2, 1, group=h, steps=10),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -896,6 +956,7 @@ HELDOUT21_CASES: list[Case] = _heldout21()
 HELDOUT22_CASES: list[Case] = _heldout22()
 HELDOUT23_CASES: list[Case] = _heldout23()
 HELDOUT24_CASES: list[Case] = _heldout24()
+HELDOUT25_CASES: list[Case] = _heldout25()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -909,7 +970,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout19": HELDOUT19_CASES, "heldout20": HELDOUT20_CASES,
                                    "heldout21": HELDOUT21_CASES, "heldout22": HELDOUT22_CASES,
                                    "heldout23": HELDOUT23_CASES, "heldout24": HELDOUT24_CASES,
-                                   "limit": _limit_experiment()}
+                                   "heldout25": HELDOUT25_CASES, "limit": _limit_experiment()}
 
 
 def by_name() -> dict[str, Case]:
