@@ -913,6 +913,27 @@ def _heldout25() -> list[Case]:
     ]
 
 
+def _heldout26() -> list[Case]:
+    """More unseen configurations for the same planner (operation and module counts), over ten
+    steps on one GPU: Qwen3 under ZeRO-3 and with optimizer offload, LoRA on all seven projections
+    of 7B-8B models, Phi-3's fused adapters under ZeRO-2, Gemma 2 9B under ZeRO-1."""
+    h = "heldout26"
+    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    return [
+        make_case("qwen3-4b", "full", 3, "none", True, 2048, 1, 1, group=h, steps=10),
+        make_case("qwen3-4b", "full", 2, "opt", True, 1024, 2, 2, group=h, steps=10),
+        make_case("qwen3-4b", "lora", 2, "none", True, 4096, 1, 1, group=h, steps=10, targets=every),
+        make_case("llama-3.1-8b", "lora", 2, "none", True, 2048, 1, 1, group=h, steps=10, targets=every),
+        make_case("mistral-7b-v0.3", "lora", 0, "none", False, 1024, 2, 1, group=h, steps=10,
+                  targets=every),
+        make_case("phi-3-mini", "lora", 2, "none", True, 1024, 4, 1, group=h, steps=10,
+                  targets=("qkv_proj", "o_proj")),
+        make_case("phi-3-mini", "lora", 0, "none", False, 1024, 2, 1, group=h, steps=10,
+                  targets=("qkv_proj", "o_proj", "gate_up_proj", "down_proj")),
+        make_case("gemma-2-9b", "lora", 1, "none", True, 1024, 2, 1, group=h, steps=10),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -957,6 +978,7 @@ HELDOUT22_CASES: list[Case] = _heldout22()
 HELDOUT23_CASES: list[Case] = _heldout23()
 HELDOUT24_CASES: list[Case] = _heldout24()
 HELDOUT25_CASES: list[Case] = _heldout25()
+HELDOUT26_CASES: list[Case] = _heldout26()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -970,7 +992,8 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout19": HELDOUT19_CASES, "heldout20": HELDOUT20_CASES,
                                    "heldout21": HELDOUT21_CASES, "heldout22": HELDOUT22_CASES,
                                    "heldout23": HELDOUT23_CASES, "heldout24": HELDOUT24_CASES,
-                                   "heldout25": HELDOUT25_CASES, "limit": _limit_experiment()}
+                                   "heldout25": HELDOUT25_CASES, "heldout26": HELDOUT26_CASES,
+                                   "limit": _limit_experiment()}
 
 
 def by_name() -> dict[str, Case]:

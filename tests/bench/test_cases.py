@@ -32,6 +32,7 @@ from bench.cases import (
     HELDOUT23_CASES,
     HELDOUT24_CASES,
     HELDOUT25_CASES,
+    HELDOUT26_CASES,
     HELDOUT_CASES,
     LOGITS_CASES,
     MATRICES,
@@ -156,7 +157,7 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
         "heldout17": HELDOUT17_CASES, "heldout18": HELDOUT18_CASES, "heldout19": HELDOUT19_CASES,
         "heldout20": HELDOUT20_CASES, "heldout21": HELDOUT21_CASES, "heldout22": HELDOUT22_CASES,
         "heldout23": HELDOUT23_CASES, "heldout24": HELDOUT24_CASES, "heldout25": HELDOUT25_CASES,
-        "repeat": REPEAT_CASES,
+        "heldout26": HELDOUT26_CASES, "repeat": REPEAT_CASES,
         "steady": STEADY_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
@@ -174,7 +175,8 @@ def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
                   HELDOUT8_CASES, HELDOUT9_CASES, HELDOUT10_CASES, HELDOUT11_CASES,
                   HELDOUT12_CASES, HELDOUT13_CASES, HELDOUT14_CASES, HELDOUT15_CASES, HELDOUT16_CASES,
                   HELDOUT17_CASES, HELDOUT18_CASES, HELDOUT19_CASES, HELDOUT20_CASES, HELDOUT21_CASES,
-                  HELDOUT22_CASES, HELDOUT23_CASES, HELDOUT24_CASES, HELDOUT25_CASES):
+                  HELDOUT22_CASES, HELDOUT23_CASES, HELDOUT24_CASES, HELDOUT25_CASES,
+                  HELDOUT26_CASES):
         names = [c.name for c in later]
         assert len(set(names)) == len(names) and not seen & set(names)
         seen |= set(names)
@@ -198,7 +200,7 @@ def test_the_tenth_heldout_matrix_brings_models_no_earlier_matrix_ran() -> None:
                                             "steady", "logits", "heldout17", "heldout18",
                                             "heldout19", "heldout20", "heldout21",
                                             "heldout22", "heldout23", "heldout24",
-                                            "heldout25")))
+                                            "heldout25", "heldout26")))
     new = models(HELDOUT10_CASES) - earlier
     assert new == {"gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1"}
     assert new <= set(MODELS)
