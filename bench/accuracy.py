@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # run as a script: make ``planner`` importable
 from planner import Plan, PlanError, plan  # noqa: E402
 from planner import constants as C  # noqa: E402
 from planner.core import attention_for, prepare  # noqa: E402
+from planner.memory import host_staging_peak  # noqa: E402
 from planner.setup import Setup  # noqa: E402
 from planner.speed import (  # noqa: E402
     SpeedConstants,
@@ -229,13 +230,14 @@ def planned_host(p: Plan) -> int:
     """Host bytes as measured: bench/measure.py builds the model on the GPU (or under zero.Init),
     so the plan's model-load term — a from_pretrained through host memory — does not apply."""
     h = p.host
-    return h.process_bytes + (
+    resident = (
         h.optimizer_states_bytes
         + h.master_weights_bytes
         + h.gradients_bytes
         + h.parameters_bytes
         + h.pinned_buffers_bytes
     )
+    return int(max(h.process_bytes + resident, host_staging_peak(p.num_gpus, h.partition_staging_bytes)))
 
 
 def _host_table(rows: Sequence[Row]) -> list[str]:
@@ -278,6 +280,11 @@ def summary(rows: Sequence[Row]) -> dict[str, list[float]]:
             error(planned_host(r.plan), r.measured("host_peak_rss_bytes"))
             for r in ok
             if r.plan and r.offloaded
+        ],
+        "host_zero3": [
+            error(planned_host(r.plan), r.measured("host_peak_rss_bytes"))
+            for r in ok
+            if r.plan and not r.offloaded and r.record["spec"]["resources"].get("zero_stage") == 3
         ],
         "step_time": [error(r.plan.estimated_step_seconds, r.measured("step_seconds")) for r in ok if r.plan],
     }
@@ -772,6 +779,8 @@ def _summary_lines(stats: dict[str, list[float]]) -> list[str]:
         f"- GPU peak (NVML, busiest GPU) vs `per_gpu.total_bytes`: {_stats(stats['gpu_peak'])}",
         f"- torch max allocated vs planned allocated peak: {_stats(stats['gpu_allocated'])}",
         f"- host RSS vs planned host (offload cases): {_stats(stats['host'])}",
+        "- host RSS vs planned host (ZeRO-3 without offload: the processes and the partitions' "
+        f"staging copy at initialization): {_stats(stats['host_zero3'])}",
         f"- step time vs `estimated_step_seconds`: {_stats(stats['step_time'])}",
     ]
 

@@ -102,6 +102,11 @@ EVAL_LOSS_CHUNK_POSITIONS = 256
 #: after the warm-up steps in all 15 records without offload that carry per-phase host figures
 #: (one and two GPUs, 0.5B-8B).
 HOST_PROCESS_BYTES = int(2.15 * GIB)
+#: The same process at deepspeed.initialize, before its first step has loaded the rest of the CUDA
+#: libraries: where ZeRO-3 stages its parameter partitions through the host, the peak is this plus
+#: the staging copy. Measured as peak RSS less the staging copy, per rank, in the 33 records of full
+#: fine-tuning under ZeRO-3 without offload: 1.46-1.61 GiB, median 1.47.
+HOST_INIT_PROCESS_BYTES = int(1.5 * GIB)
 #: With ZeRO-3's parameters offloaded to the CPU, each rank holds more besides the pinned
 #: partitions the planner counts (each rounded up to a power of two by torch's pinned-memory cache,
 #: a tied LM head's own block included) and the flat buffer: DeepSpeed's parameter bookkeeping,

@@ -389,6 +389,7 @@ def _host(c: Candidate, bounds: Bounds) -> HostMemory:
     return HostMemory(
         process_bytes=h.process_bytes,
         model_load_bytes=h.model_load_bytes,
+        partition_staging_bytes=h.partition_staging_bytes,
         optimizer_states_bytes=h.optimizer_states_bytes,
         master_weights_bytes=h.master_weights_bytes,
         gradients_bytes=h.gradients_bytes,

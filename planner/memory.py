@@ -87,6 +87,7 @@ class ModelFacts:
 class HostEstimate:
     process_bytes: int
     model_load_bytes: int
+    partition_staging_bytes: int
     optimizer_states_bytes: int
     master_weights_bytes: int
     gradients_bytes: int
@@ -409,6 +410,11 @@ def _sub_groups(facts: ModelFacts, n: int, size: int) -> tuple[int, ...]:
     return tuple(groups)
 
 
+def host_staging_peak(num_gpus: int, staging_bytes: float) -> float:
+    """Host RSS of all ranks while ZeRO-3 stages its partitions through the host (0: it does not)."""
+    return num_gpus * C.HOST_INIT_PROCESS_BYTES + staging_bytes if staging_bytes else 0.0
+
+
 def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     n, t = s.num_gpus, facts.trainable_parameters
     pin = s.knobs.pin_memory
@@ -452,13 +458,19 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     # partitioned (offloaded parameters included), and from_pretrained then reads the checkpoint
     # one weight file at a time into host memory on every rank.
     load = n * _model_bytes(facts) if s.zero_stage < 3 else n * _shard_bytes(facts) + params
+    # ZeRO-3 with the parameters on the GPU flattens each rank's trainable bf16 partitions at
+    # deepspeed.initialize by copying them all into one host buffer and back (``defragment``),
+    # after the load and before the offloaded states exist, in a process that has not yet loaded
+    # what its first step loads.
+    staging = n * w * part if s.zero_stage == 3 and s.offload_param == "none" else 0.0
     resident = master + optimizer + grads + params + pinned
     param_offload = s.zero_stage == 3 and s.offload_param == "cpu"
     process = n * (C.HOST_PROCESS_BYTES + (C.HOST_PARAM_OFFLOAD_BYTES if param_offload else 0))
-    total = process + max(load, resident)
+    total = max(process + max(load, resident), host_staging_peak(n, staging))
     host = HostEstimate(
         process_bytes=process,
         model_load_bytes=int(load),
+        partition_staging_bytes=int(staging),
         optimizer_states_bytes=int(optimizer),
         master_weights_bytes=int(master),
         gradients_bytes=int(grads),

@@ -107,6 +107,10 @@ class HostMemory(_Out):
 
     process_bytes: int
     model_load_bytes: int
+    #: ZeRO-3 with the parameters on the GPU: the host buffer deepspeed.initialize flattens each
+    #: rank's trainable bf16 partitions through (transient; the peak is the larger of it, the model
+    #: load and the offloaded states)
+    partition_staging_bytes: int
     optimizer_states_bytes: int
     master_weights_bytes: int
     gradients_bytes: int

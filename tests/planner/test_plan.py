@@ -750,3 +750,30 @@ def test_a_tied_lm_head_keeps_its_own_pinned_block_under_parameter_offload() -> 
 
     assert params(True, "cpu") == params(False, "cpu") > 0
     assert params(True, "none") == params(False, "none") == 0
+
+
+def test_zero3_stages_the_trainable_partitions_through_the_host_at_initialization() -> None:
+    """deepspeed.initialize flattens the partitions of the parameters it keeps on the GPU by
+    copying them into one host buffer (``defragment``): a full 7B job under ZeRO-3 needs host RAM
+    for its bf16 weights at start, LoRA only for its adapters, parameter offload none."""
+    from planner import constants as C
+
+    def host(method: str, offload_param: str = "none", gpus: int = 2) -> Any:
+        resources = {"num_gpus": gpus, "zero_stage": 3, "offload_optimizer": "none",
+                     "offload_param": offload_param}
+        if offload_param != "none":
+            resources["offload_optimizer"] = "cpu"
+        spec = job(model={"name": "Qwen/Qwen2.5-7B"}, method=method, resources=resources,
+                   hardware=hardware(gpus=gpus, host_gib=512))
+        return plan(spec)
+
+    full = host("full")
+    params = full.model.trainable_parameters
+    assert full.host.partition_staging_bytes == pytest.approx(2 * params, rel=1e-6)
+    # the staging peak: every rank at its size before the first step, plus all the partitions
+    assert full.host.total_bytes == pytest.approx(2 * C.HOST_INIT_PROCESS_BYTES + 2 * params, rel=1e-6)
+    assert host("full", gpus=1).host.partition_staging_bytes == pytest.approx(2 * params, rel=1e-6)
+    lora = host("lora")
+    assert lora.host.partition_staging_bytes == pytest.approx(2 * lora.model.trainable_parameters, rel=1e-6)
+    assert lora.host.total_bytes == lora.host.process_bytes + lora.host.model_load_bytes
+    assert host("full", offload_param="cpu").host.partition_staging_bytes == 0
