@@ -1,13 +1,15 @@
 """Where one training step's time goes: GPU kernel time against wall time, kernel launches, and the
 kernels and host operations that take the most, for a model of ``bench/cases.py`` built from its
-config (random weights) and trained with plain PyTorch (bf16 weights, fused AdamW, no DeepSpeed).
+config (random weights) and trained with plain PyTorch (bf16 weights, fused AdamW, no DeepSpeed), or,
+with a ZeRO stage (``--zero-stage`` or a case's sixth field ``z0``-``z3``), by DeepSpeed's engine in
+this one process as ``bench/measure.py`` builds it (no offload), to see what the engine adds.
 
 The step-time model (planner/speed.py) puts a micro-step between a GPU clock (FLOPs at a rate) and
 a host clock (per-layer Python and launches); this shows, for one configuration, how busy the GPU
 was and with what. Run from the repository root on a GPU box:
 ``python3 -m bench.profile_step gemma-2-2b lora --seq 2048 --micro-batch 2 [--checkpointing]``
-prints one JSON object per configuration; several ``--case MODEL:METHOD:SEQ:MB:CKPT`` run in one
-process one after the other.
+prints one JSON object per configuration; several ``--case MODEL:METHOD:SEQ:MB:CKPT[:zN]`` run in
+one process one after the other.
 """
 
 from __future__ import annotations
@@ -50,18 +52,50 @@ def _model(name: str, method: str, checkpointing: bool) -> Any:
     return model
 
 
-def profile(name: str, method: str, seq: int, micro_batch: int, checkpointing: bool) -> dict[str, Any]:
+def _engine(name: str, method: str, seq: int, micro_batch: int, checkpointing: bool, stage: int) -> Any:
+    """DeepSpeed's engine over the model, one rank, the config and model ``bench/measure.py`` builds."""
+    import os
+
+    import deepspeed
+    import torch
+
+    from bench.cases import make_case
+    from bench.measure import _build_model, _prepare, build_ds_config
+
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
+                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533")):
+        os.environ.setdefault(key, value)
+    torch.cuda.set_device(0)
+    spec = make_case(name, method, stage, "none", checkpointing, seq, micro_batch, 1).spec
+    ds_config = build_ds_config(spec)
+    deepspeed.init_distributed()
+    model = _prepare(_build_model(spec, ds_config, torch.device("cuda", 0), True), spec)
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config,
+                                      model_parameters=[p for p in model.parameters() if p.requires_grad])
+    return engine
+
+
+def profile(name: str, method: str, seq: int, micro_batch: int, checkpointing: bool,
+            stage: int | None = None) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    model = _model(name, method, checkpointing)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-5, fused=True)
+    if stage is None:
+        model = _model(name, method, checkpointing)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=1e-5, fused=True)
+    else:
+        engine = _engine(name, method, seq, micro_batch, checkpointing, stage)
+        model = engine.module
     vocab = int(model.config.vocab_size)
 
     def step() -> None:
         ids = torch.randint(0, vocab, (micro_batch, seq), device="cuda")
+        if stage is not None:
+            engine.backward(engine(input_ids=ids, labels=ids).loss)
+            engine.step()
+            return
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()
@@ -91,7 +125,8 @@ def profile(name: str, method: str, seq: int, micro_batch: int, checkpointing: b
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC",
                                                        "cuLaunchKernel", "cuLaunchKernelEx"))
     result = {
-        "case": f"{name}|{method}|s{seq}|mb{micro_batch}|{'ckpt' if checkpointing else 'nockpt'}",
+        "case": f"{name}|{method}|s{seq}|mb{micro_batch}|{'ckpt' if checkpointing else 'nockpt'}"
+                + ("" if stage is None else f"|deepspeed-z{stage}"),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "wall_s_per_step": round(sum(walls) / len(walls), 4),
         "unprofiled_wall_s_per_step": round(sum(plain) / len(plain), 4),
@@ -105,6 +140,12 @@ def profile(name: str, method: str, seq: int, micro_batch: int, checkpointing: b
     return result
 
 
+def _parse_case(text: str) -> tuple[str, str, int, int, bool, int | None]:
+    fields = text.split(":")
+    stage = int(fields[5].removeprefix("z")) if len(fields) > 5 else None
+    return fields[0], fields[1], int(fields[2]), int(fields[3]), fields[4] == "ckpt", stage
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", choices=sorted(MODELS))
@@ -112,13 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--micro-batch", type=int, default=1)
     parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3),
+                        help="train through DeepSpeed's engine at this ZeRO stage")
     parser.add_argument("--case", action="append", default=[],
-                        help="MODEL:METHOD:SEQ:MICRO_BATCH:ckpt|nockpt, repeatable")
+                        help="MODEL:METHOD:SEQ:MICRO_BATCH:ckpt|nockpt[:z0-z3], repeatable")
     args = parser.parse_args(argv)
-    cases = [(c.split(":")[0], c.split(":")[1], int(c.split(":")[2]), int(c.split(":")[3]),
-              c.split(":")[4] == "ckpt") for c in args.case]
+    cases = [_parse_case(c) for c in args.case]
     if args.model and args.method:
-        cases.insert(0, (args.model, args.method, args.seq, args.micro_batch, args.checkpointing))
+        cases.insert(0, (args.model, args.method, args.seq, args.micro_batch, args.checkpointing,
+                         args.zero_stage))
     if not cases:
         parser.error("give MODEL METHOD or at least one --case")
     for case in cases:

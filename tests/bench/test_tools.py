@@ -26,6 +26,9 @@ def test_profile_step_needs_a_configuration_and_reads_each_case() -> None:
         profile_step.main([])
     with pytest.raises(SystemExit):  # an unknown model is refused before anything is built
         profile_step.main(["no-such-model", "lora"])
+    plain = ("gemma-2-2b", "full", 1024, 2, True, None)
+    assert profile_step._parse_case("gemma-2-2b:full:1024:2:ckpt") == plain
+    assert profile_step._parse_case("llama-3.2-3b:lora:2048:1:nockpt:z2")[4:] == (False, 2)
 
 
 def test_pcie_refuses_a_box_without_a_cuda_gpu() -> None:
