@@ -1392,7 +1392,15 @@ HISTORY = [
     "at 9.70 GB of host RSS against 2.2 GB steady: `deepspeed.initialize` flattens the GPU's "
     "partitions through one host buffer (`defragment`), which every earlier full ZeRO-3 record shows "
     "too (Llama 3.1 8B on two GPUs 19.2 GB) and the plan now counts (`host.partition_staging_bytes`; "
-    "the 63 ZeRO-3 records without offload within -5.0%/+3.7%, median 1.0%).",
+    "the 63 ZeRO-3 records without offload within -5.0%/+3.7%, median 1.0%). The three two-GPU "
+    "cases of heldout21, run on a two-H200 box (`nvidia-h200-x2-2026-12-01-heldout-21b.jsonl`, probe "
+    "17.9 us): step time -15.2%, +4.1%, -14.1%; GPU peak +8.0..+19.9% over; host RSS -1.6..+0.2%. "
+    "Gemma 2 2B's remaining full ZeRO-2 shortfall is not Gemma 2's: profiled through DeepSpeed's "
+    "engine in one session (`bench/results/profile/nvidia-h200-2026-12-01-deepspeed.jsonl`), ZeRO-2 "
+    "took Gemma 2 2B from 0.282 to 0.406 s and Llama 3.2 3B from 0.250 to 0.388 s at 2 x 1024 tokens "
+    "with checkpointing (about 4,000 more kernel launches a step each); a per-tensor gradient-hook "
+    "term, refitted, moved no count, so the planner carries none. Over all 248 records: 218 within "
+    "±25%.",
 ]
 
 
