@@ -158,8 +158,9 @@ MATMUL_HALF_EFFICIENCY_DIM = 0
 #: GPU's work, so it sets the pace of small models only (a 7B LoRA step is FLOP-bound).
 LAYER_OP_SECONDS = 2.566e-5
 #: Host clock: ZeRO-3's fetch/release hooks per pass, for a module whose parameters are gathered
-#: (above ``stage3_param_persistence_threshold``) and for any other hooked module (norms, small
-#: LoRA adapters and peft's ModuleDicts), which costs only the hook's Python.
+#: (above ``stage3_param_persistence_threshold``) and for any other module a layer runs (the layer,
+#: attention, MLP, activation, norms, peft's wrapper, dropout and small adapters:
+#: planner/ops.py's ``layer_modules``), which costs only the hook's Python.
 ZERO3_FETCH_PASS_OVERHEAD_S = 0.554e-3
 ZERO3_HOOK_PASS_OVERHEAD_S = 0.321e-3
 #: Host clock, ZeRO-3 over several GPUs: the latency of each gathered module's all-gather beyond
