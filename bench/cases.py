@@ -354,6 +354,7 @@ def _offload_tag(opt: bool, param: bool) -> str:
 
 
 _ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_EVERY_PROJECTION = (*_ATTENTION_TARGETS, "gate_proj", "up_proj", "down_proj")
 
 
 def make_case(model: str, method: str, stage: int, offload: str, ckpt: bool, seq: int, mb: int,
@@ -898,13 +899,14 @@ def _heldout25() -> list[Case]:
     layer), LoRA on all seven projections and on Phi-3's fused ones, Gemma 2 shapes not measured,
     and LoRA under ZeRO-3, all on one GPU."""
     h = "heldout25"
-    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     return [
         make_case("qwen3-4b", "full", 2, "none", True, 1024, 2, 1, group=h, steps=10),
         make_case("qwen3-4b", "lora", 0, "none", False, 1024, 2, 1, group=h, steps=10),
         make_case("qwen3-4b", "lora", 3, "none", True, 2048, 1, 1, group=h, steps=10),
-        make_case("llama-3.2-1b", "lora", 0, "none", False, 1024, 4, 1, group=h, steps=10, targets=every),
-        make_case("qwen2.5-1.5b", "lora", 2, "none", True, 2048, 2, 1, group=h, steps=10, targets=every),
+        make_case("llama-3.2-1b", "lora", 0, "none", False, 1024, 4, 1, group=h, steps=10,
+                  targets=_EVERY_PROJECTION),
+        make_case("qwen2.5-1.5b", "lora", 2, "none", True, 2048, 2, 1, group=h, steps=10,
+                  targets=_EVERY_PROJECTION),
         make_case("phi-3-mini", "lora", 0, "none", False, 2048, 2, 1, group=h, steps=10,
                   targets=("qkv_proj", "o_proj")),
         make_case("gemma-2-2b", "lora", 1, "none", True, 1024, 2, 1, group=h, steps=10),
@@ -918,14 +920,15 @@ def _heldout26() -> list[Case]:
     steps on one GPU: Qwen3 under ZeRO-3 and with optimizer offload, LoRA on all seven projections
     of 7B-8B models, Phi-3's fused adapters under ZeRO-2, Gemma 2 9B under ZeRO-1."""
     h = "heldout26"
-    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     return [
         make_case("qwen3-4b", "full", 3, "none", True, 2048, 1, 1, group=h, steps=10),
         make_case("qwen3-4b", "full", 2, "opt", True, 1024, 2, 2, group=h, steps=10),
-        make_case("qwen3-4b", "lora", 2, "none", True, 4096, 1, 1, group=h, steps=10, targets=every),
-        make_case("llama-3.1-8b", "lora", 2, "none", True, 2048, 1, 1, group=h, steps=10, targets=every),
+        make_case("qwen3-4b", "lora", 2, "none", True, 4096, 1, 1, group=h, steps=10,
+                  targets=_EVERY_PROJECTION),
+        make_case("llama-3.1-8b", "lora", 2, "none", True, 2048, 1, 1, group=h, steps=10,
+                  targets=_EVERY_PROJECTION),
         make_case("mistral-7b-v0.3", "lora", 0, "none", False, 1024, 2, 1, group=h, steps=10,
-                  targets=every),
+                  targets=_EVERY_PROJECTION),
         make_case("phi-3-mini", "lora", 2, "none", True, 1024, 4, 1, group=h, steps=10,
                   targets=("qkv_proj", "o_proj")),
         make_case("phi-3-mini", "lora", 0, "none", False, 1024, 2, 1, group=h, steps=10,

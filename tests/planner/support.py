@@ -1,4 +1,5 @@
-"""Helpers of the planner tests: tiny configs of every supported family, an H200 box."""
+"""Helpers of the planner tests: tiny configs of every supported family, the HF models built from
+them, an H200 box."""
 
 from __future__ import annotations
 
@@ -38,6 +39,17 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
     "gemma2": {"model_type": "gemma2", **_BASE, "head_dim": 32},
     "phi3": {"model_type": "phi3", **_BASE, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 1},
 }
+
+
+def hf_model(config: dict[str, Any], **from_config: Any) -> Any:
+    """The transformers causal LM of one of these configs (random weights; fields may be
+    overridden in ``config``), ``from_config`` going to ``AutoModelForCausalLM.from_config``."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    cfg = dict(config)
+    hf_config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    return transformers.AutoModelForCausalLM.from_config(hf_config, **from_config)
 
 
 def hardware(

@@ -13,7 +13,7 @@ import pytest
 
 from planner import Setup, arch_from_config, resolve_lora
 from planner.activations import estimate_activations, saved_after_forward_bytes
-from tests.planner.support import TINY_CONFIGS
+from tests.planner.support import TINY_CONFIGS, hf_model
 
 CASES = [
     ("llama", "full", None, "sdpa"),
@@ -35,12 +35,7 @@ def _measure(
     config: dict[str, Any], method: str, targets: list[str] | None, attn: str, batch: int, seq: int
 ) -> int:
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    cfg = dict(config)
-    hf_config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    model = transformers.AutoModelForCausalLM.from_config(
-        hf_config, dtype=torch.bfloat16, attn_implementation=attn
-    )
+    model = hf_model(config, dtype=torch.bfloat16, attn_implementation=attn)
     if method == "lora":
         peft = pytest.importorskip("peft")
         lora_config = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets)
@@ -119,16 +114,12 @@ def test_zero3_linear_and_fp32_adapters_match_autograd(monkeypatch: pytest.Monke
     F.linear) and peft's adapters stay fp32: the Llama-3.2-1B LoRA case without checkpointing
     was 15% under before the planner counted both."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     linear_module = pytest.importorskip("deepspeed.runtime.zero.linear")
     monkeypatch.setattr(torch.nn.functional, "linear", linear_module.zero3_linear_wrap)
-    config = dict(TINY_CONFIGS["llama-tied"])
+    config = TINY_CONFIGS["llama-tied"]
     targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
-    model = transformers.AutoModelForCausalLM.from_config(
-        hf_config, dtype=torch.bfloat16, attn_implementation="sdpa"
-    )
+    model = hf_model(config, dtype=torch.bfloat16, attn_implementation="sdpa")
     # autocast_adapter_dtype (peft's default) leaves the adapters fp32, as under zero.Init.
     lora_config = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets)
     model = peft.get_peft_model(model, lora_config)

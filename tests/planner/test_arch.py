@@ -8,16 +8,13 @@ import pytest
 
 from planner import PlanError, arch_from_config
 from planner.catalogue import catalogue
-from tests.planner.support import TINY_CONFIGS
+from tests.planner.support import TINY_CONFIGS, hf_model
 
 
 def _hf_numel(config: dict[str, Any]) -> int:
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    cfg = dict(config)
-    hf_config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+        model = hf_model(config)
     return sum(p.numel() for p in model.parameters())  # tied tensors are yielded once
 
 

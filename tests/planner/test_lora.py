@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from planner import PlanError, arch_from_config, resolve_lora
-from tests.planner.support import TINY_CONFIGS
+from tests.planner.support import TINY_CONFIGS, hf_model
 
 CASES = [
     ("llama", ["q_proj", "k_proj", "v_proj", "o_proj"]),
@@ -22,11 +22,8 @@ CASES = [
 
 def _peft_trainable(config: dict[str, Any], r: int, targets: list[str]) -> int:
     pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
-    cfg = dict(config)
-    hf_config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    model = hf_model(config)
     target: str | list[str] = "all-linear" if targets == ["all-linear"] else targets
     peft_model = peft.get_peft_model(model, peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=target))
     trainable, _ = peft_model.get_nb_trainable_parameters()

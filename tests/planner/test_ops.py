@@ -17,7 +17,7 @@ from planner import Setup, arch_from_config, resolve_lora
 from planner.facts import model_facts
 from planner.ops import layer_modules, layer_ops
 from planner.speed import GpuRates, step_terms
-from tests.planner.support import TINY_CONFIGS
+from tests.planner.support import TINY_CONFIGS, hf_model
 
 #: Operations that only reshape, alias or allocate: no kernel, next to no host time.
 _NOT_COUNTED = frozenset({
@@ -55,7 +55,6 @@ CASES = [
 def _counted(config: dict[str, Any], layers: int, method: str, targets: list[str] | None,
              dropout: float, attn: str) -> tuple[int, int]:
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -70,12 +69,8 @@ def _counted(config: dict[str, Any], layers: int, method: str, targets: list[str
             return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
-    cfg = dict(config, num_hidden_layers=layers)
-    hf_config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    hf_config.use_cache = False
-    model = transformers.AutoModelForCausalLM.from_config(
-        hf_config, dtype=torch.bfloat16, attn_implementation=attn
-    )
+    model = hf_model(dict(config, num_hidden_layers=layers, use_cache=False), dtype=torch.bfloat16,
+                     attn_implementation=attn)
     if method == "lora":
         peft = pytest.importorskip("peft")
         lora = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=dropout, target_modules=targets)
@@ -136,10 +131,8 @@ def test_gemma2_layers_dispatch_more_than_llama_layers_of_the_same_shape() -> No
 def test_layer_modules_are_the_modules_a_layer_runs(family: str, targets: list[str] | None) -> None:
     """ZeRO-3 hooks every module; the hooks that cost time are those of the modules a forward calls."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    config = dict(TINY_CONFIGS[family])
-    hf_config = transformers.AutoConfig.for_model(config.pop("model_type"), **config)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
+    config = TINY_CONFIGS[family]
+    model = hf_model(config, attn_implementation="eager")
     if targets:
         peft = pytest.importorskip("peft")
         model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_dropout=0.05, target_modules=targets))

@@ -5,21 +5,18 @@ from __future__ import annotations
 import pytest
 
 from planner import arch_from_config, resolve_lora
-from tests.planner.support import TINY_CONFIGS
+from tests.planner.support import TINY_CONFIGS, hf_model
 
 
 @pytest.mark.parametrize("family", ["llama-tied", "phi3", "gemma2"])
 def test_adapter_agrees_with_the_planner(family: str) -> None:
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     from planner.torch_adapter import count_parameters
 
-    cfg = dict(TINY_CONFIGS[family])
-    arch = arch_from_config(cfg)
-    hf_config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    arch = arch_from_config(TINY_CONFIGS[family])
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+        model = hf_model(TINY_CONFIGS[family])
     counted = count_parameters(model)
     assert counted.total == counted.trainable == arch.num_parameters
     assert counted.largest_tensor == arch.largest_param
