@@ -73,7 +73,14 @@ ALLOCATOR_VOCABULARY_BLOCKS = 4.25
 #: it), Gemma 2 9B at 2048 tokens a whole one (-3.7% without it): the planner counts the block at
 #: every stage rather than risk the under-estimate. Llama 3.2 1B and Qwen2.5-1.5B, whose logits
 #: are as large and not soft-capped, cached no such block, nor did the soft-capped model with
-#: gradient checkpointing.
+#: gradient checkpointing, except where the first step's optimizer moments take a block of the loss
+#: (memory.py's ``_moments_take_a_loss_block``): Gemma 2 9B LoRA under ZeRO-1 with checkpointing at
+#: 2 x 1024 tokens cached 1.57 fp32 logits blocks above its allocated peak where Gemma 2 2B at the
+#: same shape cached 0.64. Its allocator trace (bench/results/alloc-trace/) shows why: FusedAdam
+#: creates the two 68 MiB moments of the flat partition at the first step, when the largest cached
+#: blocks besides the loss's are the layers' 56 MiB MLP intermediates; one moment goes into a
+#: freed 1000 MiB logits block, and from the second step on the loss needs a fourth 2000 MiB block.
+#: Gemma 2 2B's 24 MiB moments fit in its 36 MiB intermediates' blocks.
 ALLOCATOR_SOFTCAP_BLOCKS = 1.0
 #: Reserved minus allocated under ZeRO-2 with gradient accumulation and the optimizer on the GPU:
 #: one more block of a rank's bf16 gradient partition (the partition the micro-steps before the

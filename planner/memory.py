@@ -697,7 +697,7 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
         + fetched
         + _stranded_buckets(facts, s, w)
         + _accumulated_partition_block(facts, s, w)
-        + _softcapped_loss_block(facts, s)
+        + _softcapped_loss_block(facts, s, w)
     )
 
 
@@ -709,14 +709,36 @@ def _accumulated_partition_block(facts: ModelFacts, s: Setup, w: int) -> float:
     return C.ALLOCATOR_ACCUMULATION_BLOCKS * w * facts.trainable_parameters / s.num_gpus
 
 
-def _softcapped_loss_block(facts: ModelFacts, s: Setup) -> float:
-    """One more fp32 logits-sized block where the logits are soft-capped (Gemma 2) and the forward
-    keeps every layer's activations (no gradient checkpointing): see constants.py,
-    ``ALLOCATOR_SOFTCAP_BLOCKS``."""
+def _softcapped_loss_block(facts: ModelFacts, s: Setup, w: int) -> float:
+    """One more fp32 logits-sized block where the logits are soft-capped (Gemma 2) and either the
+    forward keeps every layer's activations (no gradient checkpointing) or the first step's
+    optimizer moments land in a cached block of the loss (``_moments_take_a_loss_block``): see
+    constants.py, ``ALLOCATOR_SOFTCAP_BLOCKS``."""
     arch = facts.arch
-    if not arch.final_logit_softcapping or s.gradient_checkpointing:
+    if not arch.final_logit_softcapping:
+        return 0.0
+    if s.gradient_checkpointing and not _moments_take_a_loss_block(facts, s, w):
         return 0.0
     return C.ALLOCATOR_SOFTCAP_BLOCKS * _FP32 * arch.vocab_size * s.tokens_per_micro_batch
+
+
+def _moments_take_a_loss_block(facts: ModelFacts, s: Setup, w: int) -> bool:
+    """Whether the optimizer moments that ZeRO-1/2's GPU optimizer creates at the first step (one
+    flat tensor of the rank's partition each; ZeRO-0's optimizer wrapper and ZeRO-3 create theirs
+    at initialisation) find no cached block to fit in but one the loss freed: each is larger than
+    the largest block a decoder layer frees (an MLP intermediate; under eager attention the fp32
+    softmax of the scores, if larger) and no larger than the loss's fp32 logits. The allocator then
+    splits a loss block for them, and from the next step on the loss's requests need one more."""
+    if s.zero_stage not in (1, 2) or s.offload_optimizer != "none":
+        return False
+    arch = facts.arch
+    moments = 2 if s.optimizer in ("adamw", "adamw_8bit") else 1
+    moment = moment_bytes_per_param(s.optimizer) / moments * facts.trainable_parameters / s.num_gpus
+    per_token = w * arch.intermediate_size
+    if s.attn_implementation == "eager":
+        per_token = max(per_token, _FP32 * arch.num_heads * s.seq_len)
+    tokens = s.tokens_per_micro_batch
+    return per_token * tokens < moment <= _FP32 * arch.vocab_size * tokens
 
 
 def _stranded_buckets(facts: ModelFacts, s: Setup, w: int) -> float:
