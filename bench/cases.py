@@ -359,9 +359,10 @@ _EVERY_PROJECTION = (*_ATTENTION_TARGETS, "gate_proj", "up_proj", "down_proj")
 
 def make_case(model: str, method: str, stage: int, offload: str, ckpt: bool, seq: int, mb: int,
               ga: int, gpus: int = 1, *, group: str = "rest", steps: int = 3,
-              expect: str = "ok", targets: tuple[str, ...] = _ATTENTION_TARGETS) -> Case:
+              expect: str = "ok", targets: tuple[str, ...] = _ATTENTION_TARGETS, rank: int = 16) -> Case:
     """One case; ``offload`` is none | opt | opt+param (the last only with stage 3); LoRA adapts
-    ``targets`` (other than q/k/v/o, they end the case's name: ``|t=qkv.o``)."""
+    ``targets`` (other than q/k/v/o, they end the case's name: ``|t=qkv.o``) at rank ``rank`` (other
+    than 16, it ends the name too: ``|r=64``)."""
     off_opt, off_param = offload in ("opt", "opt+param"), offload == "opt+param"
     if off_param and stage != 3:
         raise ValueError("parameter offload needs ZeRO-3")
@@ -371,11 +372,13 @@ def make_case(model: str, method: str, stage: int, offload: str, ckpt: bool, seq
         name += f"|gpus{gpus}"
     if targets != _ATTENTION_TARGETS:
         name += "|t=" + ".".join(t.removesuffix("_proj") for t in targets)
+    if rank != 16:
+        name += f"|r={rank}"
     spec: dict[str, Any] = {
         "name": name,
         "model": {"config": copy.deepcopy(MODELS[model])},
         "method": method,
-        "lora": {"r": 16, "alpha": 32, "dropout": 0.05,
+        "lora": {"r": rank, "alpha": 2 * rank, "dropout": 0.05,
                  "target_modules": list(targets)},
         "training": {"max_steps": 2 + steps, "epochs": None, "micro_batch_size": mb,
                      "gradient_accumulation_steps": ga, "seq_len": seq,
@@ -937,6 +940,27 @@ def _heldout26() -> list[Case]:
     ]
 
 
+def _heldout27() -> list[Case]:
+    """Where Gemma 2's soft-capped loss caches one more fp32 logits block under checkpointing: the
+    planner says so when ZeRO-1/2's GPU optimizer creates moments at the first step larger than
+    every block a layer frees (memory.py's ``_moments_take_a_loss_block``). Cases it says take the
+    block (9B under ZeRO-2, 9B at one sequence a micro-batch, 2B at rank 64 and with every
+    projection adapted), cases it says do not (9B at rank 8, under ZeRO-0, at twice the tokens),
+    and the 2B with its soft-capping switched off at rank 64. One GPU, ten steps, SDPA."""
+    h = "heldout27"
+    return [
+        make_case("gemma-2-9b", "lora", 2, "none", True, 1024, 2, 1, group=h, steps=10),
+        make_case("gemma-2-9b", "lora", 1, "none", True, 1024, 1, 1, group=h, steps=10),
+        make_case("gemma-2-2b", "lora", 1, "none", True, 1024, 2, 1, group=h, steps=10, rank=64),
+        make_case("gemma-2-2b", "lora", 2, "none", True, 1024, 2, 1, group=h, steps=10,
+                  targets=_EVERY_PROJECTION),
+        make_case("gemma-2-9b", "lora", 1, "none", True, 1024, 2, 1, group=h, steps=10, rank=8),
+        make_case("gemma-2-9b", "lora", 0, "none", True, 1024, 2, 1, group=h, steps=10),
+        make_case("gemma-2-9b", "lora", 2, "none", True, 2048, 2, 1, group=h, steps=10),
+        make_case("gemma-2-2b-nosoftcap", "lora", 1, "none", True, 1024, 2, 1, group=h, steps=10, rank=64),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -982,6 +1006,7 @@ HELDOUT23_CASES: list[Case] = _heldout23()
 HELDOUT24_CASES: list[Case] = _heldout24()
 HELDOUT25_CASES: list[Case] = _heldout25()
 HELDOUT26_CASES: list[Case] = _heldout26()
+HELDOUT27_CASES: list[Case] = _heldout27()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -996,6 +1021,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout21": HELDOUT21_CASES, "heldout22": HELDOUT22_CASES,
                                    "heldout23": HELDOUT23_CASES, "heldout24": HELDOUT24_CASES,
                                    "heldout25": HELDOUT25_CASES, "heldout26": HELDOUT26_CASES,
+                                   "heldout27": HELDOUT27_CASES,
                                    "limit": _limit_experiment()}
 
 
