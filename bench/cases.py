@@ -961,6 +961,25 @@ def _heldout27() -> list[Case]:
     ]
 
 
+def _heldout28() -> list[Case]:
+    """Ten unseen configurations across families, methods, ZeRO stages and offload for the planner
+    of heldout27 as a whole: one GPU, ten steps."""
+    h = "heldout28"
+    return [
+        make_case("qwen2.5-7b", "lora", 2, "none", True, 4096, 1, 1, group=h, steps=10),
+        make_case("llama-3.2-3b", "full", 1, "none", True, 2048, 1, 1, group=h, steps=10),
+        make_case("mistral-7b-v0.3", "lora", 3, "none", False, 1024, 2, 1, group=h, steps=10),
+        make_case("qwen3-4b", "lora", 1, "none", True, 2048, 2, 1, group=h, steps=10,
+                  targets=_EVERY_PROJECTION),
+        make_case("gemma-2-2b", "full", 3, "none", True, 2048, 1, 1, group=h, steps=10),
+        make_case("llama-3.1-8b", "lora", 0, "none", True, 4096, 1, 1, group=h, steps=10),
+        make_case("qwen2.5-1.5b", "full", 2, "none", False, 1024, 2, 2, group=h, steps=10),
+        make_case("gemma-2-9b", "lora", 3, "none", True, 2048, 1, 1, group=h, steps=10),
+        make_case("qwen2.5-3b", "lora", 2, "opt", True, 2048, 2, 1, group=h, steps=10),
+        make_case("qwen2.5-0.5b", "full", 1, "none", True, 4096, 2, 1, group=h, steps=10),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -1007,6 +1026,7 @@ HELDOUT24_CASES: list[Case] = _heldout24()
 HELDOUT25_CASES: list[Case] = _heldout25()
 HELDOUT26_CASES: list[Case] = _heldout26()
 HELDOUT27_CASES: list[Case] = _heldout27()
+HELDOUT28_CASES: list[Case] = _heldout28()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -1021,7 +1041,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout21": HELDOUT21_CASES, "heldout22": HELDOUT22_CASES,
                                    "heldout23": HELDOUT23_CASES, "heldout24": HELDOUT24_CASES,
                                    "heldout25": HELDOUT25_CASES, "heldout26": HELDOUT26_CASES,
-                                   "heldout27": HELDOUT27_CASES,
+                                   "heldout27": HELDOUT27_CASES, "heldout28": HELDOUT28_CASES,
                                    "limit": _limit_experiment()}
 
 

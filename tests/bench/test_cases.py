@@ -34,6 +34,7 @@ from bench.cases import (
     HELDOUT25_CASES,
     HELDOUT26_CASES,
     HELDOUT27_CASES,
+    HELDOUT28_CASES,
     HELDOUT_CASES,
     LOGITS_CASES,
     MATRICES,
@@ -51,7 +52,8 @@ NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora)\|z(?P<stage>
                   r"mb(?P<mb>\d+)\|g(?P<ga>\d+)(\|gpus(?P<gpus>\d+))?"
                   r"(\|t=(?P<targets>[a-z_.]+))?(\|r=(?P<rank>\d+))?$")
 
-ALL_CASES = CASES + HELDOUT_CASES + HELDOUT3_CASES + HELDOUT4_CASES + HELDOUT25_CASES + HELDOUT27_CASES
+ALL_CASES = (CASES + HELDOUT_CASES + HELDOUT3_CASES + HELDOUT4_CASES + HELDOUT25_CASES + HELDOUT27_CASES
+             + HELDOUT28_CASES)
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.name)
@@ -165,7 +167,8 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
         "heldout17": HELDOUT17_CASES, "heldout18": HELDOUT18_CASES, "heldout19": HELDOUT19_CASES,
         "heldout20": HELDOUT20_CASES, "heldout21": HELDOUT21_CASES, "heldout22": HELDOUT22_CASES,
         "heldout23": HELDOUT23_CASES, "heldout24": HELDOUT24_CASES, "heldout25": HELDOUT25_CASES,
-        "heldout26": HELDOUT26_CASES, "heldout27": HELDOUT27_CASES, "repeat": REPEAT_CASES,
+        "heldout26": HELDOUT26_CASES, "heldout27": HELDOUT27_CASES,
+        "heldout28": HELDOUT28_CASES, "repeat": REPEAT_CASES,
         "steady": STEADY_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
@@ -184,7 +187,7 @@ def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
                   HELDOUT12_CASES, HELDOUT13_CASES, HELDOUT14_CASES, HELDOUT15_CASES, HELDOUT16_CASES,
                   HELDOUT17_CASES, HELDOUT18_CASES, HELDOUT19_CASES, HELDOUT20_CASES, HELDOUT21_CASES,
                   HELDOUT22_CASES, HELDOUT23_CASES, HELDOUT24_CASES, HELDOUT25_CASES,
-                  HELDOUT26_CASES, HELDOUT27_CASES):
+                  HELDOUT26_CASES, HELDOUT27_CASES, HELDOUT28_CASES):
         names = [c.name for c in later]
         assert len(set(names)) == len(names) and not seen & set(names)
         seen |= set(names)
@@ -208,7 +211,8 @@ def test_the_tenth_heldout_matrix_brings_models_no_earlier_matrix_ran() -> None:
                                             "steady", "logits", "heldout17", "heldout18",
                                             "heldout19", "heldout20", "heldout21",
                                             "heldout22", "heldout23", "heldout24",
-                                            "heldout25", "heldout26", "heldout27")))
+                                            "heldout25", "heldout26", "heldout27",
+                                            "heldout28")))
     new = models(HELDOUT10_CASES) - earlier
     assert new == {"gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1"}
     assert new <= set(MODELS)
