@@ -74,7 +74,7 @@ ALLOCATOR_VOCABULARY_BLOCKS = 4.25
 #: every stage rather than risk the under-estimate. Llama 3.2 1B and Qwen2.5-1.5B, whose logits
 #: are as large and not soft-capped, cached no such block, nor did the soft-capped model with
 #: gradient checkpointing, except where the first step's optimizer moments take a block of the loss
-#: (memory.py's ``_moments_take_a_loss_block``): Gemma 2 9B LoRA under ZeRO-1 with checkpointing at
+#: (``ALLOCATOR_MOMENTS_BLOCKS``, below): Gemma 2 9B LoRA under ZeRO-1 with checkpointing at
 #: 2 x 1024 tokens cached 1.57 fp32 logits blocks above its allocated peak where Gemma 2 2B at the
 #: same shape cached 0.64. Its allocator trace (bench/results/alloc-trace/) shows why: FusedAdam
 #: creates the two 68 MiB moments of the flat partition at the first step, when the largest cached
@@ -82,6 +82,20 @@ ALLOCATOR_VOCABULARY_BLOCKS = 4.25
 #: freed 1000 MiB logits block, and from the second step on the loss needs a fourth 2000 MiB block.
 #: Gemma 2 2B's 24 MiB moments fit in its 36 MiB intermediates' blocks.
 ALLOCATOR_SOFTCAP_BLOCKS = 1.0
+#: The loss's one more fp32 logits block where the first optimizer step's moments take a block of
+#: it (memory.py's ``_moments_take_a_loss_block``), soft-capped or not: a count, not fitted. A
+#: soft-capped loss loses a block to moments in any of its blocks (above). Without soft-capping,
+#: Qwen2.5-0.5B full fine-tuning under ZeRO-1 at 2 x 4096 tokens (heldout28) cached 1.62 fp32
+#: logits blocks above its allocated peak, 7.2% over its plan; its trace shows the first step's
+#: two 1.84 GiB moments in the 2.32 GiB bf16 logits block and in one of the three 4.64 GiB fp32
+#: ones, and a fourth fp32 segment from the second step on, where the same run under ZeRO-0
+#: (moments made at initialisation) kept three. Qwen3 4B LoRA on every projection under ZeRO-1
+#: (two 126 MiB moments, both in the 1188 MiB bf16 block) made none, nor did Llama 3.1 8B, Qwen2.5
+#: 1.5B and a Gemma 2 2B without soft-capping whose moments fit together in that block
+#: (0.63-0.84 blocks cached). ZeRO-3 makes its moments at the first step as well: Gemma 2 9B LoRA
+#: at 2048 tokens (68 MiB moments, 56 MiB intermediates) cached 1.54 blocks, at 4096 (112 MiB
+#: intermediates) 0.57.
+ALLOCATOR_MOMENTS_BLOCKS = 1.0
 #: Reserved minus allocated under ZeRO-2 with gradient accumulation and the optimizer on the GPU:
 #: one more block of a rank's bf16 gradient partition (the partition the micro-steps before the
 #: boundary accumulate into; the boundary's fp32 step cannot reuse its block). A count, not

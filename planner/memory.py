@@ -710,35 +710,54 @@ def _accumulated_partition_block(facts: ModelFacts, s: Setup, w: int) -> float:
 
 
 def _softcapped_loss_block(facts: ModelFacts, s: Setup, w: int) -> float:
-    """One more fp32 logits-sized block where the logits are soft-capped (Gemma 2) and either the
-    forward keeps every layer's activations (no gradient checkpointing) or the first step's
-    optimizer moments land in a cached block of the loss (``_moments_take_a_loss_block``): see
-    constants.py, ``ALLOCATOR_SOFTCAP_BLOCKS``."""
+    """One more fp32 logits-sized block where the logits are soft-capped (Gemma 2) and the forward
+    keeps every layer's activations (no gradient checkpointing), or where the optimizer's moments
+    take a block of the loss (``_moments_take_a_loss_block``): see constants.py,
+    ``ALLOCATOR_SOFTCAP_BLOCKS`` and ``ALLOCATOR_MOMENTS_BLOCKS``. A soft-capped loss without
+    checkpointing counts its block once."""
     arch = facts.arch
-    if not arch.final_logit_softcapping:
+    block = _FP32 * arch.vocab_size * s.tokens_per_micro_batch
+    if arch.final_logit_softcapping and not s.gradient_checkpointing:
+        return C.ALLOCATOR_SOFTCAP_BLOCKS * block
+    if _moments_take_a_loss_block(facts, s, w):
+        return C.ALLOCATOR_MOMENTS_BLOCKS * block
+    return 0.0
+
+
+def _first_step_moment(facts: ModelFacts, s: Setup) -> float:
+    """Bytes of one optimizer moment tensor that the first optimizer step creates on the GPU
+    (FusedAdam's states are lazy): one per flat fp32 partition under ZeRO-1/2, per sub-group under
+    ZeRO-3; none where the optimizer runs on the host or ZeRO-0's optimizer wrapper creates them at
+    initialisation."""
+    if s.zero_stage == 0 or s.offload_optimizer != "none":
         return 0.0
-    if s.gradient_checkpointing and not _moments_take_a_loss_block(facts, s, w):
-        return 0.0
-    return C.ALLOCATOR_SOFTCAP_BLOCKS * _FP32 * arch.vocab_size * s.tokens_per_micro_batch
+    moments = 2 if s.optimizer in ("adamw", "adamw_8bit") else 1
+    per_param = moment_bytes_per_param(s.optimizer) / moments
+    if s.zero_stage == 3:
+        return per_param * max(_sub_groups(facts, s.num_gpus, int(s.knobs.sub_group_size)), default=0)
+    return per_param * facts.trainable_parameters / s.num_gpus
 
 
 def _moments_take_a_loss_block(facts: ModelFacts, s: Setup, w: int) -> bool:
-    """Whether the optimizer moments that ZeRO-1/2's GPU optimizer creates at the first step (one
-    flat tensor of the rank's partition each; ZeRO-0's optimizer wrapper and ZeRO-3 create theirs
-    at initialisation) find no cached block to fit in but one the loss freed: each is larger than
-    the largest block a decoder layer frees (an MLP intermediate; under eager attention the fp32
-    softmax of the scores, if larger) and no larger than the loss's fp32 logits. The allocator then
-    splits a loss block for them, and from the next step on the loss's requests need one more."""
-    if s.zero_stage not in (1, 2) or s.offload_optimizer != "none":
-        return False
+    """Whether the moments the first optimizer step creates (``_first_step_moment``) find no cached
+    block to fit in but the loss's, and the loss needs one more fp32 logits block from the next step
+    on. Each must be larger than the largest block a decoder layer frees (an MLP intermediate; under
+    eager attention the fp32 softmax of the scores, if larger) and no larger than the fp32 logits.
+    A soft-capped loss keeps two bf16 logits blocks and three fp32 ones, and a moment in either
+    costs it a block; an uncapped loss has room for moments that fit together in its bf16 logits
+    block and loses an fp32 one only when they do not."""
+    moment = _first_step_moment(facts, s)
     arch = facts.arch
-    moments = 2 if s.optimizer in ("adamw", "adamw_8bit") else 1
-    moment = moment_bytes_per_param(s.optimizer) / moments * facts.trainable_parameters / s.num_gpus
     per_token = w * arch.intermediate_size
     if s.attn_implementation == "eager":
         per_token = max(per_token, _FP32 * arch.num_heads * s.seq_len)
     tokens = s.tokens_per_micro_batch
-    return per_token * tokens < moment <= _FP32 * arch.vocab_size * tokens
+    if not per_token * tokens < moment <= _FP32 * arch.vocab_size * tokens:
+        return False
+    if arch.final_logit_softcapping:
+        return True
+    moments = 2 if s.optimizer in ("adamw", "adamw_8bit") else 1
+    return moments * moment > w * arch.vocab_size * tokens
 
 
 def _stranded_buckets(facts: ModelFacts, s: Setup, w: int) -> float:

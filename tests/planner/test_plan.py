@@ -779,34 +779,41 @@ def test_zero3_stages_the_trainable_partitions_through_the_host_at_initializatio
     assert host("full", offload_param="cpu").host.partition_staging_bytes == 0
 
 
-def test_soft_capped_loss_caches_one_more_block_where_the_first_steps_moments_take_one_of_its_own() -> None:
-    """ZeRO-1/2's GPU optimizer creates its two flat moments at the first step; where each is larger
-    than every block a decoder layer frees (an MLP intermediate, or eager attention's fp32 scores)
-    it takes a block the soft-capped loss freed, and the loss needs one more fp32 logits block from
-    then on. ZeRO-0's optimizer creates its moments at initialisation: the baseline."""
+def test_loss_caches_one_more_block_where_the_first_steps_moments_take_one_of_its_own() -> None:
+    """The GPU optimizer creates its flat moments at the first step (ZeRO-1/2: one per partition,
+    ZeRO-3: per sub-group); where each is larger than every block a decoder layer frees (an MLP
+    intermediate, or eager attention's fp32 scores) it takes a block the loss freed, and the loss
+    needs one more fp32 logits block from then on: a soft-capped loss for a moment in any of its
+    blocks, an uncapped one only when the moments do not fit together in its bf16 logits block.
+    ZeRO-0's optimizer creates its moments at initialisation: the baseline."""
     from planner import constants as C
 
-    def slack(model: str, stage: int, seq_len: int = 1024, attention: str = "sdpa",
+    def slack(model: str, stage: int, seq_len: int = 1024, attention: str = "sdpa", method: str = "lora",
               targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")) -> int:
         training = {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "seq_len": seq_len,
                     "gradient_checkpointing": True, "attn_implementation": attention}
         resources = {"num_gpus": 1, "zero_stage": stage, "offload_optimizer": "none", "offload_param": "none"}
-        spec = job(model={"name": model}, training=training, resources=resources,
+        spec = job(model={"name": model}, method=method, training=training, resources=resources,
                    lora={"r": 16, "alpha": 32, "target_modules": list(targets)})
         return plan(spec).per_gpu.allocator_slack_bytes
 
-    vocab = 256000
-    # Gemma 2 9B, r=16 on q/k/v/o: 68 MiB moments against 2 x 1024 x 14336 bf16 = 56 MiB intermediates
-    assert slack("google/gemma-2-9b", 1) - slack("google/gemma-2-9b", 0) == pytest.approx(
-        C.ALLOCATOR_SOFTCAP_BLOCKS * 4 * vocab * 2048, abs=2)
-    assert slack("google/gemma-2-9b", 2) == slack("google/gemma-2-9b", 1)
-    # twice the tokens: 112 MiB intermediates hold the moments; so do eager attention's 128 MiB scores
-    assert slack("google/gemma-2-9b", 1, seq_len=2048) == slack("google/gemma-2-9b", 0, seq_len=2048)
+    assert C.ALLOCATOR_MOMENTS_BLOCKS == 1
     nine = "google/gemma-2-9b"
+    # Gemma 2 9B, r=16 on q/k/v/o: 68 MiB moments against 2 x 1024 x 14336 bf16 = 56 MiB intermediates
+    assert slack(nine, 1) - slack(nine, 0) == pytest.approx(4 * 256000 * 2048, abs=2)
+    assert slack(nine, 2) == slack(nine, 1) == slack(nine, 3)
+    # twice the tokens: 112 MiB intermediates hold the moments; so do eager attention's 128 MiB scores
+    assert slack(nine, 1, seq_len=2048) == slack(nine, 0, seq_len=2048)
     assert slack(nine, 1, attention="eager") == slack(nine, 0, attention="eager")
     # Gemma 2 2B: 24 MiB moments fit in its 36 MiB intermediates
     assert slack("google/gemma-2-2b", 1) == slack("google/gemma-2-2b", 0)
-    # no soft-capping, no such block: Llama 3.1 8B with every projection adapted has 160 MiB moments
+    # no soft-capping: Llama 3.1 8B with every projection adapted has two 160 MiB moments, which fit
+    # together in its 501 MiB bf16 logits block
     every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     llama = "meta-llama/Llama-3.1-8B"
     assert slack(llama, 1, targets=every) == slack(llama, 0, targets=every)
+    # ... Qwen2.5-0.5B's full fine-tuning at 2 x 4096 tokens has two 1.84 GiB moments, which do not
+    # fit in its 2.32 GiB bf16 logits block
+    qwen = "Qwen/Qwen2.5-0.5B"
+    grown = slack(qwen, 1, seq_len=4096, method="full") - slack(qwen, 0, seq_len=4096, method="full")
+    assert grown == pytest.approx(4 * 151936 * 8192, abs=2)
