@@ -980,6 +980,29 @@ def _heldout28() -> list[Case]:
     ]
 
 
+def _heldout29() -> list[Case]:
+    """The loss block the first optimizer step's moments take (memory.py's
+    ``_moments_take_a_loss_block``) where heldout28 extended it: ZeRO-3, and an uncapped loss whose
+    bf16 logits block cannot hold both moments. Five cases it says take the block (Gemma 2 2B LoRA
+    under ZeRO-3, Qwen2.5-0.5B full fine-tuning under ZeRO-1, -2 and -3, Llama 3.2 1B LoRA at rank
+    256) and three it says do not (moments larger than the fp32 logits, or fitting together in the
+    bf16 block). One GPU, ten steps."""
+    h = "heldout29"
+    return [
+        make_case("gemma-2-2b", "lora", 3, "none", True, 1024, 2, 1, group=h, steps=10, rank=64),
+        make_case("qwen2.5-0.5b", "full", 2, "none", True, 4096, 1, 1, group=h, steps=10),
+        make_case("qwen2.5-0.5b", "full", 3, "none", True, 4096, 1, 1, group=h, steps=10),
+        make_case("llama-3.2-1b", "lora", 1, "none", True, 1024, 2, 1, group=h, steps=10,
+                  targets=_EVERY_PROJECTION, rank=256),
+        make_case("qwen2.5-0.5b", "full", 1, "none", True, 8192, 1, 1, group=h, steps=10),
+        make_case("qwen2.5-0.5b", "full", 1, "none", True, 2048, 1, 1, group=h, steps=10),
+        make_case("llama-3.2-3b", "lora", 2, "none", True, 1024, 2, 1, group=h, steps=10,
+                  targets=_EVERY_PROJECTION, rank=256),
+        make_case("llama-3.2-1b", "lora", 1, "none", True, 1024, 2, 1, group=h, steps=10,
+                  targets=_EVERY_PROJECTION, rank=64),
+    ]
+
+
 def _limit_experiment() -> list[Case]:
     """Configurations that cached the most above their allocated peak, from the earlier matrices,
     for runs with PyTorch's allocator held below its natural reserve (``--limit-slack-share``):
@@ -1027,6 +1050,7 @@ HELDOUT25_CASES: list[Case] = _heldout25()
 HELDOUT26_CASES: list[Case] = _heldout26()
 HELDOUT27_CASES: list[Case] = _heldout27()
 HELDOUT28_CASES: list[Case] = _heldout28()
+HELDOUT29_CASES: list[Case] = _heldout29()
 MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "heldout3": HELDOUT3_CASES,
                                    "heldout4": HELDOUT4_CASES, "heldout5": HELDOUT5_CASES,
                                    "heldout6": HELDOUT6_CASES, "heldout7": HELDOUT7_CASES,
@@ -1042,6 +1066,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout23": HELDOUT23_CASES, "heldout24": HELDOUT24_CASES,
                                    "heldout25": HELDOUT25_CASES, "heldout26": HELDOUT26_CASES,
                                    "heldout27": HELDOUT27_CASES, "heldout28": HELDOUT28_CASES,
+                                   "heldout29": HELDOUT29_CASES,
                                    "limit": _limit_experiment()}
 
 

@@ -35,6 +35,7 @@ from bench.cases import (
     HELDOUT26_CASES,
     HELDOUT27_CASES,
     HELDOUT28_CASES,
+    HELDOUT29_CASES,
     HELDOUT_CASES,
     LOGITS_CASES,
     MATRICES,
@@ -53,7 +54,7 @@ NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora)\|z(?P<stage>
                   r"(\|t=(?P<targets>[a-z_.]+))?(\|r=(?P<rank>\d+))?$")
 
 ALL_CASES = (CASES + HELDOUT_CASES + HELDOUT3_CASES + HELDOUT4_CASES + HELDOUT25_CASES + HELDOUT27_CASES
-             + HELDOUT28_CASES)
+             + HELDOUT28_CASES + HELDOUT29_CASES)
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.name)
@@ -168,7 +169,7 @@ def test_heldout_matrix_tests_what_the_calibration_never_saw() -> None:
         "heldout20": HELDOUT20_CASES, "heldout21": HELDOUT21_CASES, "heldout22": HELDOUT22_CASES,
         "heldout23": HELDOUT23_CASES, "heldout24": HELDOUT24_CASES, "heldout25": HELDOUT25_CASES,
         "heldout26": HELDOUT26_CASES, "heldout27": HELDOUT27_CASES,
-        "heldout28": HELDOUT28_CASES, "repeat": REPEAT_CASES,
+        "heldout28": HELDOUT28_CASES, "heldout29": HELDOUT29_CASES, "repeat": REPEAT_CASES,
         "steady": STEADY_CASES}
     calibrated = {c.name for c in CASES}
     assert not calibrated & {c.name for c in HELDOUT_CASES}
@@ -187,7 +188,8 @@ def test_later_heldout_matrices_repeat_no_measured_configuration() -> None:
                   HELDOUT12_CASES, HELDOUT13_CASES, HELDOUT14_CASES, HELDOUT15_CASES, HELDOUT16_CASES,
                   HELDOUT17_CASES, HELDOUT18_CASES, HELDOUT19_CASES, HELDOUT20_CASES, HELDOUT21_CASES,
                   HELDOUT22_CASES, HELDOUT23_CASES, HELDOUT24_CASES, HELDOUT25_CASES,
-                  HELDOUT26_CASES, HELDOUT27_CASES, HELDOUT28_CASES):
+                  HELDOUT26_CASES, HELDOUT27_CASES, HELDOUT28_CASES,
+                  HELDOUT29_CASES):
         names = [c.name for c in later]
         assert len(set(names)) == len(names) and not seen & set(names)
         seen |= set(names)
@@ -212,7 +214,7 @@ def test_the_tenth_heldout_matrix_brings_models_no_earlier_matrix_ran() -> None:
                                             "heldout19", "heldout20", "heldout21",
                                             "heldout22", "heldout23", "heldout24",
                                             "heldout25", "heldout26", "heldout27",
-                                            "heldout28")))
+                                            "heldout28", "heldout29")))
     new = models(HELDOUT10_CASES) - earlier
     assert new == {"gemma-2-9b", "gemma-7b", "qwen2.5-14b", "llama-3-8b", "mistral-7b-v0.1"}
     assert new <= set(MODELS)
