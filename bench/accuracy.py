@@ -1437,6 +1437,17 @@ HISTORY = [
     "+15.3%, +15.6% and +22.1% (+5.4%, +4.3%, +13.9% before); the six slack constants refitted "
     "on their 119 records came back unchanged. GPU peak over all 266 records: median 3.4%, worst "
     "under-estimate -2.5%.",
+    "- 2026-12-01: the extended rule against eight unseen configurations chosen to test it, one H200 "
+    "(`nvidia-h200-2026-12-01-heldout-29.jsonl`, run probe 24.9 us). The five it says lose the "
+    "block (Gemma 2 2B LoRA rank 64 under ZeRO-3; Qwen2.5-0.5B full fine-tuning under ZeRO-1, -2 "
+    "and -3 at 4096-8192 tokens; Llama 3.2 1B LoRA rank 256 on every projection) cached 1.54-2.32 "
+    "fp32 logits blocks above their allocated peaks and were planned +3.4..+15.4%; of the three it "
+    "says do not, Llama 3.2 1B at rank 64 (moments that fit together in the bf16 block) cached 0.51 "
+    "(+14.0%), while Qwen2.5-0.5B at 2048 tokens and Llama 3.2 3B at rank 256, whose moments outgrow "
+    "the fp32 logits, cached 2.82 and 2.33 blocks of their smaller logits (+8.2%, -2.9%). GPU peak "
+    "of the eight: median 7.8%, worst under-estimate -2.9%; step time 7 of 8 within ±25% "
+    "(-35.5%..+2.7%: every case but one under, on a box whose probe read 24.9 us). Over all 274 "
+    "records: GPU peak median 3.5%, worst under-estimate -2.9%; step time 238 within ±25%.",
 ]
 
 
