@@ -149,11 +149,11 @@ HOST_SAFETY_FRACTION = 0.10
 # --- speed -----------------------------------------------------------------------------------------
 #: Dense bf16 tensor-core rate of an H200 used when the hardware spec gives none (FLOP/s).
 DEFAULT_GPU_FLOPS = 790e12
-#: The step-time constants below were fitted together on the 139 step times of the calibration
-#: files (CALIBRATION_RESULTS; Nelder-Mead on the squared log error of each step and, where a record
-#: timed them apart, of its forward-and-backward and its optimizer step; bench/accuracy.py refits
-#: them and reports leave-one-out and leave-one-file-out errors). A micro-step is the power mean of its
-#: GPU and host clocks (``CLOCK_OVERLAP``): see planner/speed.py.
+#: The twelve step-time constants below were fitted together on the 139 step times of the
+#: calibration files (CALIBRATION_RESULTS; Nelder-Mead on the squared log error of each step and,
+#: where a record timed them apart, of its forward-and-backward and its optimizer step;
+#: bench/accuracy.py refits them and reports leave-one-out and leave-one-file-out errors). A
+#: micro-step is the power mean of its GPU and host clocks (``CLOCK_OVERLAP``): see planner/speed.py.
 #: The host the host-clock constants below describe: the time of one small module call through
 #: two Python hooks on the training device (bench/measure.py's host probe, ``hooked_module_us``).
 #: The probe read 15.8-32.7 us on the same kind of H200 box in six device sessions, whose step
@@ -166,30 +166,30 @@ HOST_HOOK_REFERENCE_US = 20.6
 #: (bench/results/hostclock-nvidia-h200-x2-2026-12-01.json) read 15.5-22.4 us, each in its own
 #: process, and one configuration's steps moved less than its cases' probes did. Fitted with the
 #: constants below (1 would take the probe at its word, 0 ignore it).
-HOST_CLOCK_EXPONENT = 0.594
+HOST_CLOCK_EXPONENT = 0.590
 #: The host-clock factors a plan accepts (hardware.host_clock_factor) and a probe may yield.
 HOST_CLOCK_FACTOR_BOUNDS = (0.05, 50.0)
 #: Model FLOPs utilisation of the matmuls (the GPU clock: FLOPs / (rate x MFU)).
-MFU = 0.728
+MFU = 0.744
 #: The smallest matmul dimension at which matmuls reach half of MFU. 0: on the H200 data a
 #: size-dependent efficiency was not separable from the host clock, which bounds small shapes.
 MATMUL_HALF_EFFICIENCY_DIM = 0
 #: Host clock: one operation a decoder layer dispatches (planner/ops.py counts them: a Llama layer
 #: 38 forward, 71 backward): its Python, autograd's bookkeeping, the kernel launch. It overlaps the
 #: GPU's work, so it sets the pace of small models only (a 7B LoRA step is FLOP-bound).
-LAYER_OP_SECONDS = 2.566e-5
+LAYER_OP_SECONDS = 2.493e-5
 #: Host clock: ZeRO-3's fetch/release hooks per pass, for a module whose parameters are gathered
 #: (above ``stage3_param_persistence_threshold``) and for any other module a layer runs (the layer,
 #: attention, MLP, activation, norms, peft's wrapper, dropout and small adapters:
 #: planner/ops.py's ``layer_modules``), which costs only the hook's Python.
-ZERO3_FETCH_PASS_OVERHEAD_S = 0.554e-3
-ZERO3_HOOK_PASS_OVERHEAD_S = 0.321e-3
+ZERO3_FETCH_PASS_OVERHEAD_S = 0.558e-3
+ZERO3_HOOK_PASS_OVERHEAD_S = 0.322e-3
 #: Host clock, ZeRO-3 over several GPUs: the latency of each gathered module's all-gather beyond
 #: its bytes (the NVLink term).
-ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.142e-3
+ZERO3_COLLECTIVE_PASS_OVERHEAD_S = 0.144e-3
 #: GPU optimizer step per parameter a GPU updates (DeepSpeed's bf16 optimizer: fp32 master,
 #: gradient clipping, the fused AdamW, the copy back to bf16).
-GPU_OPTIMIZER_SECONDS_PER_PARAM = 17.4e-12
+GPU_OPTIMIZER_SECONDS_PER_PARAM = 16.2e-12
 #: Optimizer offload: host CPU seconds per parameter updated, summed over the ranks, which share
 #: the host's cores (the DeepSpeedCPUAdam update and DeepSpeed's bookkeeping; the PCIe terms come
 #: on top). ZeRO-3 with the parameters on the GPU costs more: after each sub-group's update it
@@ -198,7 +198,7 @@ GPU_OPTIMIZER_SECONDS_PER_PARAM = 17.4e-12
 #: copy stays on the host, and the step runs at ZeRO-1/2's rate (Llama 3.2 1B, full, on one H200:
 #: optimizer step 0.358 s measured, 0.64 s at the ZeRO-3 rate, 0.38 s at ZeRO-1/2's).
 CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO3 = 0.509e-9
-CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.2835e-9
+CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.2817e-9
 #: How the GPU and host clocks of a micro-step combine, and with them the collectives and offload
 #: traffic ``overlap_comm`` runs beside the compute: their power mean (sum of t^(1/q))^q, the
 #: longest as q -> 0, their sum at q = 1 (planner/speed.py). Where the two clocks are close the
@@ -206,14 +206,22 @@ CPU_OPTIMIZER_SECONDS_PER_PARAM_ZERO12 = 0.2835e-9
 #: two clocks were planned within 5% of each other, ran 1.4-2.1x the larger; Qwen2.5-7B LoRA with
 #: parameter offload on two GPUs spent 2.17 s in forward and backward against its 1.45 s host clock
 #: and 0.92 s of parameter traffic.
-CLOCK_OVERLAP = 0.755
+CLOCK_OVERLAP = 0.757
+#: The same under ZeRO-1/2 with ``overlap_comm``, whose engine synchronises the host with the GPU in
+#: every backward (stage_1_and_2's ``independent_gradient_partition_epilogue`` and each bucket's
+#: reduction call ``synchronize()``), so the host cannot queue the next work ahead and the clocks
+#: add more: profiled through DeepSpeed's engine (bench/results/profile/
+#: nvidia-h200-2026-12-01-deepspeed-lora.jsonl), Gemma 2 9B LoRA at 2 x 1024 tokens took 0.60 s a
+#: step at ZeRO-0 and 0.77 and 0.70 s at ZeRO-1 and -2 with the same GPU kernel time (0.32 s).
+#: Fitted with the others; the held-out files' ZeRO-1/2 LoRA steps had been planned 9-15% short.
+CLOCK_OVERLAP_ZERO12 = 0.818
 #: The optimizer step's host cost per trainable tensor (scaled by the host clock): DeepSpeed's
 #: walk over the parameters (gradient norms for clipping, overflow checks, the copies back to the
 #: model). Timed phase by phase (``measured.phase_seconds``), LoRA's optimizer step took 0.03-0.06 s
 #: on one GPU for 208-288 adapter tensors of a few million parameters, 0.09-0.16 s under ZeRO-3 on
 #: two GPUs, where the per-parameter terms count almost nothing. Fitted with the other step-time
 #: constants (0.047 s for 208 tensors on the reference host).
-OPTIMIZER_STEP_TENSOR_SECONDS = 2.3e-4
+OPTIMIZER_STEP_TENSOR_SECONDS = 2.37e-4
 #: Effective host<->GPU rate of DeepSpeed's offload copies over PCIe Gen5 x16 (bytes/s). One 1 GiB
 #: pinned copy moves 55 GB/s each way on the H200 box, both GPUs at once too, a pageable one 18-23
 #: (bench/pcie.py; bench/results/pcie-nvidia-h200-x2-2026-12-01.json); DeepSpeed copies parameter

@@ -97,6 +97,7 @@ class SpeedConstants:
     clock_overlap: float = C.CLOCK_OVERLAP
     step_tensor_s: float = C.OPTIMIZER_STEP_TENSOR_SECONDS
     host_clock_exponent: float = C.HOST_CLOCK_EXPONENT
+    clock_overlap_zero12: float = C.CLOCK_OVERLAP_ZERO12
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,7 @@ class StepTerms:
     micro_offload_seconds: float  # PCIe/NVMe traffic of a micro-step before the accumulation boundary
     boundary_offload_seconds: float  # PCIe/NVMe traffic of the boundary micro-step (gradients to the host)
     overlap: bool  # collectives and offload traffic run beside the compute (their power mean)
+    zero12: bool  # ZeRO-1/2 with overlap_comm: the engine synchronises host and GPU in every backward
     gpu_optimizer_params: float  # parameters one GPU updates on the GPU
     trainable_tensors: int  # parameter tensors the optimizer step walks, LoRA's A and B each one
     cpu_optimizer_params: float  # parameters all ranks update on the host's CPUs (they share its cores)
@@ -272,6 +274,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         micro_offload_seconds=off_micro,
         boundary_offload_seconds=off_boundary,
         overlap=s.knobs.overlap_comm,
+        zero12=s.zero_stage in (1, 2) and s.knobs.overlap_comm,
         gpu_optimizer_params=0.0 if on_cpu else part,
         trainable_tensors=_trainable_tensors(facts),
         # every rank's DeepSpeedCPUAdam runs OpenMP threads over the same cores: the host's CPU step
@@ -307,7 +310,8 @@ def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
         + t.zero3_hook_passes * k.zero3_hook_pass_s
         + t.zero3_collective_passes * k.zero3_collective_pass_s
     )
-    compute = overlapped(k.clock_overlap, t.gpu_seconds_at_full_rate / k.mfu, host)
+    q = k.clock_overlap_zero12 if t.zero12 else k.clock_overlap
+    compute = overlapped(q, t.gpu_seconds_at_full_rate / k.mfu, host)
     cpu_rate = (
         k.cpu_optimizer_s_per_param_zero3 if t.cpu_optimizer_zero3 else k.cpu_optimizer_s_per_param_zero12
     )

@@ -427,14 +427,21 @@ def test_host_clock_factor_scales_the_host_clock_of_a_step_not_its_gpu_clock() -
     assert slower.estimated_step_seconds == pytest.approx(scale * slow.estimated_step_seconds, rel=0.02)
     assert slow.per_gpu == small.per_gpu
     # a faster host cannot take a step below its FLOPs: a 7B step at 16k tokens is the GPU's, and
-    # a host four times as fast takes a few percent off it (the clocks' power mean), not half
+    # a host four times as fast takes a few percent off it (the clocks' power mean), not half;
+    # somewhat more under ZeRO-2, whose engine synchronises host and GPU in every backward
     training = {"micro_batch_size": 4, "gradient_accumulation_steps": 1, "seq_len": 4096,
                 "gradient_checkpointing": True}
-    resources = {"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "none", "offload_param": "none"}
-    big = [plan(job(model={"name": "Qwen/Qwen2.5-7B"}, resources=resources, training=training,
-                    hardware={**hardware(), "host_clock_factor": f})).estimated_step_seconds
-           for f in (1.0, 0.5, 0.25)]
-    assert big[0] > big[1] > big[2] > 0.95 * big[0]
+
+    def big(stage: int) -> list[float]:
+        resources = {"num_gpus": 1, "zero_stage": stage, "offload_optimizer": "none", "offload_param": "none"}
+        return [plan(job(model={"name": "Qwen/Qwen2.5-7B"}, resources=resources, training=training,
+                         hardware={**hardware(), "host_clock_factor": f})).estimated_step_seconds
+                for f in (1.0, 0.5, 0.25)]
+
+    zero0, zero2 = big(0), big(2)
+    assert zero0[0] > zero0[1] > zero0[2] > 0.95 * zero0[0]
+    assert zero2[0] > zero2[1] > zero2[2] > 0.9 * zero2[0]
+    assert zero2[2] / zero2[0] < zero0[2] / zero0[0]
     # the probe's reading over the calibration host's, bounded
     assert host_clock_factor(C.HOST_HOOK_REFERENCE_US * 1.5) == pytest.approx(1.5)
     assert host_clock_factor(1e9) == 50.0
