@@ -941,7 +941,8 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         "collective latency over several GPUs, times the host-clock factor where the run probed its "
         "host) and, with overlap_comm, the collectives and offload traffic; the optimizer step adds "
         "per-parameter GPU or CPU time, a host walk over the trainable tensors and the PCIe/NVLink "
-        "bytes (planner/speed.py). Ten constants are fitted; each record is predicted by constants "
+        "bytes (planner/speed.py); ZeRO-1/2 with overlap_comm take their own q. "
+        f"{len(_SPEED_FIELDS)} constants are fitted; each record is predicted by constants "
         "fitted on all records, by constants fitted without it, and by constants fitted without its "
         "results file:",
         *speed_cross_validation(rows),
