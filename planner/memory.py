@@ -144,6 +144,12 @@ def moment_bytes_per_param(optimizer: str) -> float:
     return 4.0  # lion: one momentum; sgd: one momentum buffer
 
 
+def _moment_tensors(optimizer: str) -> int:
+    """How many state tensors the optimizer keeps per parameter tensor: AdamW's two moments, one
+    momentum for Lion and SGD."""
+    return 2 if optimizer in ("adamw", "adamw_8bit") else 1
+
+
 def _pinned(nbytes: float, pin: bool) -> int:
     if not pin or nbytes <= 0:
         return int(nbytes)
@@ -697,7 +703,7 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
         + fetched
         + _stranded_buckets(facts, s, w)
         + _accumulated_partition_block(facts, s, w)
-        + _softcapped_loss_block(facts, s, w)
+        + _extra_loss_block(facts, s, w)
     )
 
 
@@ -709,10 +715,10 @@ def _accumulated_partition_block(facts: ModelFacts, s: Setup, w: int) -> float:
     return C.ALLOCATOR_ACCUMULATION_BLOCKS * w * facts.trainable_parameters / s.num_gpus
 
 
-def _softcapped_loss_block(facts: ModelFacts, s: Setup, w: int) -> float:
-    """One more fp32 logits-sized block where the logits are soft-capped (Gemma 2) and the forward
-    keeps every layer's activations (no gradient checkpointing), or where the optimizer's moments
-    take a block of the loss (``_moments_take_a_loss_block``): see constants.py,
+def _extra_loss_block(facts: ModelFacts, s: Setup, w: int) -> float:
+    """One more fp32 logits-sized block of the loss where the logits are soft-capped (Gemma 2) and
+    the forward keeps every layer's activations (no gradient checkpointing), or where the
+    optimizer's moments take a block of the loss (``_moments_take_a_loss_block``): see constants.py,
     ``ALLOCATOR_SOFTCAP_BLOCKS`` and ``ALLOCATOR_MOMENTS_BLOCKS``. A soft-capped loss without
     checkpointing counts its block once."""
     arch = facts.arch
@@ -731,8 +737,7 @@ def _first_step_moment(facts: ModelFacts, s: Setup) -> float:
     initialisation."""
     if s.zero_stage == 0 or s.offload_optimizer != "none":
         return 0.0
-    moments = 2 if s.optimizer in ("adamw", "adamw_8bit") else 1
-    per_param = moment_bytes_per_param(s.optimizer) / moments
+    per_param = moment_bytes_per_param(s.optimizer) / _moment_tensors(s.optimizer)
     if s.zero_stage == 3:
         return per_param * max(_sub_groups(facts, s.num_gpus, int(s.knobs.sub_group_size)), default=0)
     return per_param * facts.trainable_parameters / s.num_gpus
@@ -756,8 +761,7 @@ def _moments_take_a_loss_block(facts: ModelFacts, s: Setup, w: int) -> bool:
         return False
     if arch.final_logit_softcapping:
         return True
-    moments = 2 if s.optimizer in ("adamw", "adamw_8bit") else 1
-    return moments * moment > w * arch.vocab_size * tokens
+    return _moment_tensors(s.optimizer) * moment > w * arch.vocab_size * tokens
 
 
 def _stranded_buckets(facts: ModelFacts, s: Setup, w: int) -> float:
