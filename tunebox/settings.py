@@ -113,17 +113,24 @@ class Settings(BaseSettings):
                                                   "per GPU.")] = False
     torch_extensions_dir: Annotated[Path | None, Field(description="Cache of compiled DeepSpeed ops; "
                                                        "default: `DATA_DIR/torch_extensions`.")] = None
-    limit_shared_gpu_memory: Annotated[bool, Field(description="On a card shared with another job, "
-                                                   "limit PyTorch's allocator in the training process "
-                                                   "to the plan's `per_gpu.allocator_limit_bytes` (plus "
-                                                   "the tolerance): past it the allocator gives cached "
-                                                   "blocks back, and a job that still needs more fails "
-                                                   "`cuda_oom` itself instead of starving its "
-                                                   "neighbour.")] = True
-    shared_gpu_memory_tolerance: Annotated[float, Field(ge=0, le=1, description="Share of the planned "
-                                                        "peak a job on a shared card may use beyond "
-                                                        "its plan (the estimator's error band); the "
-                                                        "card's share margin holds it.")] = 0.05
+    gpu_memory_limit_bytes: Annotated[int | None, Field(ge=2**28, description="Memory of each card "
+                                                        "that jobs may use, where the box keeps the rest "
+                                                        "for other work: the inventory, plans, leases "
+                                                        "and the training's allocator limit all take "
+                                                        "the smaller of this and the card's memory. "
+                                                        "Unset: the whole card.")] = None
+    limit_gpu_memory: Annotated[bool, Field(description="Limit PyTorch's allocator in every training "
+                                            "process to the plan's `per_gpu.allocator_limit_bytes` "
+                                            "(plus the tolerance): past it the allocator gives cached "
+                                            "blocks back, and a job that still needs more fails "
+                                            "`cuda_oom` itself instead of growing into a neighbour. "
+                                            "Such a job, where its card holds more, is planned again "
+                                            "with the peak it reached and queued once more.")] = True
+    gpu_memory_tolerance: Annotated[float, Field(ge=0, le=1, description="Share of the planned peak "
+                                                 "a job may use beyond its plan (the estimator's error "
+                                                 "band), and the headroom a job planned again after "
+                                                 "`cuda_oom` gets over the peak it reached; the card's "
+                                                 "share margin holds it.")] = 0.05
     job_address_space_bytes: Annotated[int | None, Field(ge=2**28, description="Cap on the address "
                                                           "space (RLIMIT_AS) of each training and "
                                                           "evaluation process: a job that outgrows it "

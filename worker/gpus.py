@@ -9,6 +9,7 @@ reason, and leasing never hands it out.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import socket
@@ -79,11 +80,22 @@ def host_name(settings: Settings) -> str:
 
 
 def local_inventory(settings: Settings) -> list[GpuInfo]:
-    """This host's GPUs from NVML; where NVML sees none, the CPU stand-ins the settings describe."""
-    gpus = _nvml_inventory()
-    if gpus:
-        return gpus
-    return _settings_inventory(settings)
+    """This host's GPUs from NVML; where NVML sees none, the CPU stand-ins the settings describe.
+    Each card's memory is what jobs may use of it: the box's per-card limit where it sets one."""
+    gpus = _nvml_inventory() or _settings_inventory(settings)
+    limit = settings.gpu_memory_limit_bytes
+    return [_limited(g, limit) for g in gpus] if limit else gpus
+
+
+def _limited(info: GpuInfo, limit: int) -> GpuInfo:
+    """``info`` as jobs see it where they may use ``limit`` bytes of the card: what others hold on
+    it (total less free) counts against that share."""
+    if not info.memory_total_bytes or info.memory_total_bytes <= limit:
+        return info
+    free = info.memory_free_bytes
+    if free is not None:
+        free = max(0, limit - (info.memory_total_bytes - free))
+    return dataclasses.replace(info, memory_total_bytes=limit, memory_free_bytes=free)
 
 
 def _settings_inventory(settings: Settings) -> list[GpuInfo]:

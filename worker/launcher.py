@@ -147,25 +147,32 @@ def build_run_file(session: Session, job: Job, grant: Grant, settings: Settings)
         "resolved": {k: resolved.get(k) for k in RESOLVED_KEYS},
         "deepspeed_config": plan.get("deepspeed_config") or {},
         "device": device_of(grant),
-        "gpu_memory_limit_bytes": shared_gpu_memory_limit(plan, grant, settings),
+        "gpu_memory_limit_bytes": gpu_memory_limit(plan, grant, settings),
     }
 
 
-def shared_gpu_memory_limit(plan: dict[str, Any], grant: Grant, settings: Settings) -> int | None:
-    """The limit on PyTorch's allocator per GPU for a job that shares its cards: the plan's
-    ``allocator_limit_bytes`` plus the tolerance on the planned peak. ``None`` (no limit) on cards
-    the job holds alone, where it may use what the allocator needs, or where the plan states no
-    peak."""
-    if grant.exclusive or not settings.limit_shared_gpu_memory or device_of(grant) != "cuda":
+def gpu_memory_limit(plan: dict[str, Any], grant: Grant, settings: Settings) -> int | None:
+    """The limit on PyTorch's allocator per GPU: the plan's ``allocator_limit_bytes`` plus the
+    tolerance on the planned peak, on every card, shared or not (the plan is a promise), and never
+    past the box's per-card limit. A plan that states no peak is held to the per-card limit, where
+    the box sets one, less the memory outside PyTorch; ``None`` (no limit) on the CPU or with the
+    limit turned off."""
+    if not settings.limit_gpu_memory or device_of(grant) != "cuda":
         return None
     per_gpu = plan.get("per_gpu") or {}
     total = per_gpu.get("total_bytes")
+    outside = int(per_gpu.get("cuda_context_bytes") or 0)
+    card = settings.gpu_memory_limit_bytes
     if not total:
-        return None
+        from planner.constants import CUDA_CONTEXT_BYTES
+
+        return card - CUDA_CONTEXT_BYTES if card and card > CUDA_CONTEXT_BYTES else None
     limit = per_gpu.get("allocator_limit_bytes")
     if limit is None:  # a plan stored before the field
-        limit = int(total) - int(per_gpu.get("cuda_context_bytes") or 0)
-    limit = int(limit) + int(settings.shared_gpu_memory_tolerance * int(total))
+        limit = int(total) - outside
+    limit = int(limit) + int(settings.gpu_memory_tolerance * int(total))
+    if card:
+        limit = min(limit, card - outside)
     return limit if limit > 0 else None
 
 

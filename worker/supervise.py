@@ -27,14 +27,17 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
+from store.base import utcnow
 from store.db import session_scope
-from store.models import Checkpoint, Job, JobEvent
+from store.models import Checkpoint, Gpu, Job, JobEvent
 from store.states import ACTIVE, IllegalTransition, JobStatus, transition
 from tunebox.settings import Settings
 from worker import launcher, leasing, reconcile
+from worker.dispatch import enqueue_job
 from worker.gpus import NvmlSampler
 from worker.leasing import Grant
 from worker.progress import LineTail, LogFollower, ProgressRecorder, parse_records, record_eval_metric
+from worker.replan import replan_after_oom
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ class Failure:
     kind: str
     reason: str
     message: str
+    data: dict[str, Any] | None = None
 
 
 class RunLost(Exception):
@@ -82,6 +86,7 @@ class JobRun:
         self._renewed = time.monotonic()  # the leases were granted just now
         self._db_down_since: float | None = None
         self.evals = Evaluations(self)
+        self._priority = 0
 
     # ------------------------------------------------------------------ the run
 
@@ -119,8 +124,12 @@ class JobRun:
         if outcome is Watch.LOST:
             raise RunLost
         failure = self._training_failure(train)
+        if failure is not None and failure.reason == "cuda_oom" and failure.data:
+            failure = self._plan_again(failure)
         if failure is not None:
             return self._fail(failure)
+        if self.status is JobStatus.QUEUED:
+            return self.status
         self._to_running()
         return self._after_training()
 
@@ -275,6 +284,37 @@ class JobRun:
         if written is not None:
             return written
         return failure_from_exit(code, "training")
+
+    def _plan_again(self, failure: Failure) -> Failure | None:
+        """Queue the job again with the peak its training reached (``worker/replan.py``); ``None``
+        when it is queued, else the failure with the reason it was not planned again."""
+        def step() -> str | None:
+            with session_scope(self.url) as s:
+                job = s.scalars(select(Job).where(Job.id == self.job_id).with_for_update()).one_or_none()
+                if job is None or job.attempt != self.attempt:
+                    raise RunLost
+                cards = s.scalars(select(Gpu.memory_total_bytes).where(Gpu.id.in_(self.grant.gpu_ids))).all()
+                outcome = replan_after_oom(job.plan or {}, failure.data or {}, min(cards, default=0),
+                                           self.settings.gpu_memory_tolerance)
+                if isinstance(outcome, str):
+                    return outcome
+                leasing.release(s, self.job_id)
+                transition(s, self.job_id, JobStatus.QUEUED, expected=self.status,
+                           actor=f"worker:{self.host}", message=outcome.message,
+                           data={"attempt": self.attempt, "replanned_after_oom": outcome.data},
+                           plan=outcome.plan, dispatch_checked_at=utcnow(),
+                           planned_peak_gpu_bytes=int(job.planned_peak_gpu_bytes or 0) + outcome.added_bytes)
+                self._priority = job.priority
+            return None
+
+        why = self._when_database(step)
+        if why is not None:
+            return Failure(failure.kind, failure.reason, f"{failure.message}; not planned again: {why}",
+                           failure.data)
+        self.status = JobStatus.QUEUED
+        enqueue_job(self.job_id, priority=self._priority)
+        log.warning("job %s ran out of its planned GPU memory; planned again and queued", self.job_id)
+        return None
 
     def _to_running(self) -> None:
         if self.status is JobStatus.STARTING:
@@ -509,8 +549,9 @@ def eval_result(path: Path, group: launcher.ProcessGroup, job_dir: Path) -> dict
 def read_failure(path: Path) -> Failure | None:
     try:
         raw = json.loads(path.read_text())
+        data = raw.get("data")
         return Failure(str(raw.get("kind") or "error"), str(raw.get("reason") or "error"),
-                       str(raw.get("message") or ""))
+                       str(raw.get("message") or ""), data if isinstance(data, dict) else None)
     except (OSError, ValueError, AttributeError):
         return None
 

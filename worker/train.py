@@ -7,8 +7,9 @@ Run by the worker's launcher or the ``deepspeed`` launcher; the rank comes from 
 - ``DIR/progress.jsonl`` (rank 0, one flushed JSON object per line, each with ``type`` and ``time``):
   ``start`` {total_steps, start_step, resumed_from, pid, world_size, train_rows, eval_rows,
   trainable_params}; ``progress`` every optimizer step {step, total_steps, epoch, loss, lr,
-  tokens_per_second, samples_per_second, peak_gpu_bytes, nvml_peak_bytes (when NVML sees this
-  pid), host_rss_bytes, host_cpu_percent, eta_seconds}; ``checkpoint`` {step, path}; ``done``
+  tokens_per_second, samples_per_second, peak_gpu_bytes (PyTorch's reserved peak),
+  peak_allocated_gpu_bytes, nvml_peak_bytes (when NVML sees this pid), host_rss_bytes,
+  host_cpu_percent, eta_seconds}; ``checkpoint`` {step, path}; ``done``
   {step, final_path, peak_gpu_bytes, host_peak_rss_bytes}; ``stopped`` {step, signal} on SIGTERM.
   GPU byte figures are null on the CPU.
 - ``DIR/eval_split.jsonl``: the held-out rows, ``{"format", "messages"}`` per line, for
@@ -349,10 +350,12 @@ def _fail(job_dir: Path, exc: BaseException, trainer: Trainer | None) -> int:
     run = trainer.run if trainer is not None else None
     limit = run.gpu_memory_limit_bytes if run is not None and run.device == "cuda" else None
     if failure.reason == "cuda_oom" and limit is not None:
+        from worker._trainlib.modeling import oom_figures
+
         failure = JobFailure(failure.kind, failure.reason,
-                             f"{failure.message} (the job shares its GPU, so PyTorch was held to "
-                             f"{limit / 2**30:.2f} GiB per GPU: the plan's per_gpu.allocator_limit_bytes "
-                             "plus TUNEBOX_SHARED_GPU_MEMORY_TOLERANCE)")
+                             f"{failure.message} (PyTorch was held to {limit / 2**30:.2f} GiB per GPU: the "
+                             "plan's per_gpu.allocator_limit_bytes plus TUNEBOX_GPU_MEMORY_TOLERANCE)",
+                             oom_figures(exc, limit, _env_int("LOCAL_RANK", 0)))
     if failure.kind != USER_ERROR or failure.reason == "error":
         traceback.print_exception(exc, file=sys.stderr)
     print(f"training failed: {failure.kind} {failure.reason}: {failure.message}", file=sys.stderr)

@@ -3,7 +3,9 @@
 It speaks the real contract (run.json in; progress.jsonl, failure.json, checkpoints out) without
 torch, so dispatch, leases, cancel and failure paths are tested in seconds. The job's spec name
 picks the behaviour: ``fake:ok``, ``fake:long``, ``fake:stubborn`` (ignores SIGTERM),
-``fake:user-error``, ``fake:sigkill``, ``fake:no-done``.
+``fake:user-error``, ``fake:sigkill``, ``fake:no-done``, ``fake:oom-once-N`` (the first run fails
+``cuda_oom`` as the real training does under its allocator limit, having needed N GiB; later runs
+succeed) and ``fake:oom-always-N``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ def main() -> int:
             {"kind": "user_error", "reason": "bad_dataset", "message": "row 3: missing field 'output'"}))
         print("Traceback: row 3 has no output", flush=True)
         return 2
+    if mode.startswith(("oom-once-", "oom-always-")) and (
+            mode.startswith("oom-always-") or os.environ.get("TUNEBOX_JOB_ATTEMPT") == "1"):
+        need = int(float(mode.rsplit("-", 1)[1]) * 2**30)
+        data = {"gpu_memory_limit_bytes": run.get("gpu_memory_limit_bytes") or need - 2**30,
+                "max_reserved_bytes": need - 2**29, "max_allocated_bytes": need - 2**30,
+                "requested_bytes": 2**29}
+        (job_dir / "failure.json").write_text(json.dumps(
+            {"kind": "error", "reason": "cuda_oom", "data": data,
+             "message": "CUDA out of memory. Tried to allocate 512.00 MiB"}))
+        return 3
     if mode == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     step_s = float(os.environ.get("FAKE_STEP_S", "0.1"))

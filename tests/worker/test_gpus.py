@@ -36,6 +36,23 @@ def test_inventory_from_settings(settings):
         (0, "cpu-0", 24 * GIB, True), (1, "cpu-1", 24 * GIB, True)]
 
 
+def test_a_per_card_limit_is_the_memory_every_consumer_of_the_inventory_sees(db_url, settings, monkeypatch):
+    card = gpus.GpuInfo(index=0, uuid="GPU-a", name="NVIDIA H200", memory_total_bytes=140 * GIB,
+                        memory_free_bytes=137 * GIB)  # 3 GiB held by something else on the card
+    monkeypatch.setattr(gpus, "_nvml_inventory", lambda: [card])
+    limited = settings.model_copy(update={"gpu_memory_limit_bytes": 10 * GIB})
+    (seen,) = gpus.local_inventory(limited)
+    assert (seen.memory_total_bytes, seen.memory_free_bytes) == (10 * GIB, 7 * GIB)
+    with session_scope(db_url) as s:
+        gpus.sync_inventory(s, limited)
+    with session_scope(db_url) as s:
+        assert s.scalars(select(Gpu.memory_total_bytes)).all() == [10 * GIB]  # what leases divide
+        assert gpus.box_hardware(s, limited).gpu_memory_bytes == 10 * GIB  # what plans fit into
+    # a limit above the card's memory changes nothing
+    (whole,) = gpus.local_inventory(settings.model_copy(update={"gpu_memory_limit_bytes": 200 * GIB}))
+    assert (whole.memory_total_bytes, whole.memory_free_bytes) == (140 * GIB, 137 * GIB)
+
+
 def test_no_gpu_and_no_settings_is_an_error(db_url, tmp_path, monkeypatch):
     monkeypatch.setattr(gpus, "_nvml_inventory", lambda: [])
     with session_scope(db_url) as s, pytest.raises(gpus.NoGpuError):

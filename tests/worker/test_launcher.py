@@ -45,7 +45,7 @@ def test_run_file_is_built_from_the_stored_spec_and_plan(db_url, tmp_path):
     assert path.parent == tmp_path / "jobs" / job.id
 
 
-def test_a_job_on_a_shared_card_is_held_to_its_plan_and_the_tolerance(db_url, tmp_path):
+def test_every_job_on_a_gpu_is_held_to_its_plan_and_the_tolerance(db_url, tmp_path):
     from planner import plan as make_plan
     from planner.catalogue import lookup
 
@@ -55,21 +55,27 @@ def test_a_job_on_a_shared_card_is_held_to_its_plan_and_the_tolerance(db_url, tm
             "hardware": {"gpu_count": 1, "gpu_memory_bytes": 80 * 2**30, "host_memory_bytes": 256 * 2**30}}
     planned = make_plan(spec).model_dump(mode="json")
     per_gpu = planned["per_gpu"]
-    assert per_gpu["allocator_limit_bytes"] == per_gpu["total_bytes"] - per_gpu["cuda_context_bytes"]
+    assert per_gpu["allocator_limit_bytes"] == per_gpu["required_bytes"] - per_gpu["cuda_context_bytes"]
     shared = Grant(gpu_ids=(7,), indices=(3,), uuids=("GPU-abc",), exclusive=False)
     on = Settings(data_dir=tmp_path)
-    off = Settings(data_dir=tmp_path, limit_shared_gpu_memory=False)
+    off = Settings(data_dir=tmp_path, limit_gpu_memory=False)
+    card = Settings(data_dir=tmp_path, gpu_memory_limit_bytes=per_gpu["total_bytes"])
     with session_scope(db_url) as s:
         job = make_job(s, make_user(s), plan=planned)
         limits = {name: launcher.build_run_file(s, job, grant, settings)["gpu_memory_limit_bytes"]
                   for name, grant, settings in (("shared", shared, on), ("exclusive", CUDA, on),
-                                                ("off", shared, off))}
-    assert limits["shared"] == per_gpu["allocator_limit_bytes"] + int(0.05 * per_gpu["total_bytes"])
-    assert limits["exclusive"] is None and limits["off"] is None
+                                                ("off", shared, off), ("card", CUDA, card))}
+    expected = per_gpu["allocator_limit_bytes"] + int(0.05 * per_gpu["total_bytes"])
+    assert limits["shared"] == limits["exclusive"] == expected  # alone on its card or not
+    assert limits["off"] is None
+    # a box that keeps the rest of each card for other work: never past its per-card limit
+    assert limits["card"] == per_gpu["total_bytes"] - per_gpu["cuda_context_bytes"] < expected
     # a plan stored before the field: its total less the memory outside PyTorch's allocator
     old = {"per_gpu": {"total_bytes": 10 * 2**30, "cuda_context_bytes": 2**30}}
-    assert launcher.shared_gpu_memory_limit(old, shared, on) == 9 * 2**30 + int(0.05 * 10 * 2**30)
-    assert launcher.shared_gpu_memory_limit({"per_gpu": {}}, shared, on) is None
+    assert launcher.gpu_memory_limit(old, shared, on) == 9 * 2**30 + int(0.05 * 10 * 2**30)
+    assert launcher.gpu_memory_limit({"per_gpu": {}}, shared, on) is None
+    limited = Settings(data_dir=tmp_path, gpu_memory_limit_bytes=10 * 2**30)
+    assert launcher.gpu_memory_limit({"per_gpu": {}}, shared, limited) < 10 * 2**30
 
 
 def test_environment_names_the_leased_cards(tmp_path):

@@ -225,3 +225,44 @@ def test_checkpoint_evaluations_beside_or_after_training(worker, db_url, fits):
     first_eval = next(i for i, e in enumerate(events) if e.kind == "eval")
     # the plan says whether an evaluation fits beside training on the card; if not, it waits
     assert (first_eval < training_over) is fits
+
+
+def _submit_planned(worker: WorkerProcess, name: str, peak: int) -> str:
+    url = worker.settings.resolved_database_url
+    spec = job_spec(name=name, training={"max_steps": 2, "epochs": None, "seq_len": 32, "save_steps": 2})
+    with session_scope(url) as s:
+        job_id = make_job(s, make_user(s), spec=spec, peak=peak).id
+    send(worker.settings, job_id)
+    return job_id
+
+
+def test_a_job_out_of_its_planned_memory_is_planned_again_with_its_peak_and_succeeds(worker, db_url):
+    job_id = _submit_planned(worker, "fake:oom-once-12", peak=10 * GIB)
+    job = wait_status(db_url, job_id, TERMINAL, worker=worker)
+    assert job.status is S.SUCCEEDED, job.failure_message
+    assert job.attempt == 2
+    # the bound is what the run needed (its reserved peak plus the failed request), 12 GiB
+    assert job.plan["per_gpu"]["allocator_limit_bytes"] == 12 * GIB
+    assert job.plan["replanned_after_oom"]["needed_bytes"] == 12 * GIB
+    assert job.planned_peak_gpu_bytes == 12 * GIB  # the lease grows by as much as the bound did
+    statuses = [(e.data["from"], e.data["to"]) for e in _events(db_url, job_id, "status")]
+    assert statuses == [("queued", "starting"), ("starting", "running"), ("running", "queued"),
+                        ("queued", "starting"), ("starting", "running"), ("running", "succeeded")]
+    requeued = _events(db_url, job_id, "status")[2]
+    assert "needed 12.00 GiB" in requeued.message and "planned again at 12.00 GiB" in requeued.message
+    run = json.loads(Path(job.job_dir, "run.json").read_text())
+    assert run["spec"]["name"] == "fake:oom-once-12"
+    assert _leases(db_url, job_id) == 0
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("fake:oom-always-12", "already planned again once"),
+    ("fake:oom-once-30", "the card holds 24.00 GiB"),  # the harness's stand-in card
+])
+def test_a_job_is_planned_again_only_once_and_only_where_its_card_holds_it(worker, db_url, name, why):
+    job_id = _submit_planned(worker, name, peak=10 * GIB)
+    job = wait_status(db_url, job_id, TERMINAL, worker=worker)
+    assert (job.status, job.failure_kind, job.failure_reason) == (S.FAILED, "error", "cuda_oom")
+    assert "not planned again: " in job.failure_message and why in job.failure_message
+    assert job.attempt == (2 if "always" in name else 1)
+    assert _leases(db_url, job_id) == 0

@@ -225,6 +225,9 @@ def test_an_oom_under_the_limit_names_the_plan_it_was_held_to(tmp_path: Path) ->
     assert train._fail(tmp_path, exc, held) == 3  # type: ignore[arg-type]
     failure = json.loads((tmp_path / "failure.json").read_text())
     assert failure["reason"] == "cuda_oom" and "PyTorch was held to 3.00 GiB per GPU" in failure["message"]
+    # the figures the worker plans the job again with: the limit, and the request that failed
+    assert failure["data"]["gpu_memory_limit_bytes"] == 3 * 2**30
+    assert failure["data"]["requested_bytes"] == int(14.24 * 2**30)
     free = types.SimpleNamespace(run=types.SimpleNamespace(device="cuda", gpu_memory_limit_bytes=None),
                                  is_rank0=True)
     train._fail(tmp_path, exc, free)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,24 @@ def limit_gpu_memory(limit_bytes: int | None, device: int) -> float | None:
     fraction = min(1.0, limit_bytes / total)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     return fraction
+
+
+_REQUEST = re.compile(r"Tried to allocate ([0-9.]+) (GiB|MiB|KiB|B)\b")
+_UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
+
+
+def oom_figures(exc: BaseException, limit_bytes: int | None, device: int) -> dict[str, Any]:
+    """What PyTorch held on ``device`` when ``exc`` (its out-of-memory error) was raised: the
+    allocator limit it ran under, its reserved and allocated peaks, and the request that failed
+    (from the error's message, the only place PyTorch states it)."""
+    import torch
+
+    found = _REQUEST.search(str(exc))
+    requested = int(float(found.group(1)) * _UNITS[found.group(2)]) if found else None
+    return {"gpu_memory_limit_bytes": limit_bytes,
+            "max_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
+            "max_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "requested_bytes": requested}
 
 
 def check_model_folder(path: Path) -> None:

@@ -83,6 +83,14 @@ class Meter:
 
         return int(torch.cuda.max_memory_reserved())
 
+    def peak_allocated_bytes(self) -> int | None:
+        """PyTorch's allocated peak: what the plan's terms add up to, without the allocator's cache."""
+        if not self.cuda:
+            return None
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+
     def nvml_bytes(self) -> int | None:
         """This pid's memory on any GPU as NVML sees it (context and non-PyTorch memory included)."""
         if self._nvml is None:
@@ -101,8 +109,9 @@ class Meter:
         return self.nvml_peak
 
     def snapshot(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"peak_gpu_bytes": self.peak_gpu_bytes(), "host_rss_bytes": host_rss_bytes(),
-                               "host_cpu_percent": self.cpu_percent()}
+        out: dict[str, Any] = {"peak_gpu_bytes": self.peak_gpu_bytes(),
+                               "peak_allocated_gpu_bytes": self.peak_allocated_bytes(),
+                               "host_rss_bytes": host_rss_bytes(), "host_cpu_percent": self.cpu_percent()}
         nvml = self.nvml_bytes()
         if nvml is not None:
             out["nvml_peak_bytes"] = nvml

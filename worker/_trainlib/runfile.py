@@ -6,9 +6,11 @@
      "resolved": {"micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
                   "zero_stage", "offload_optimizer", "offload_param", "num_gpus", "precision"},
      "deepspeed_config": {...}, "device": "cuda" | "cpu",
-     "gpu_memory_limit_bytes": int | null}   # PyTorch allocator limit per GPU on a shared card
+     "gpu_memory_limit_bytes": int | null}   # PyTorch allocator limit per GPU, from the plan
 
-``failure.json``: ``{"kind": "user_error" | "error", "reason": str, "message": str}``.
+``failure.json``: ``{"kind": "user_error" | "error", "reason": str, "message": str, "data": {...}}``;
+``data`` (optional) holds the figures of the failure, e.g. a ``cuda_oom``'s allocator limit, reserved
+peak and failed request.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ ERROR = "error"
 class JobFailure(Exception):
     """A failure whose cause is known: who is at fault and a machine-readable reason."""
 
-    def __init__(self, kind: str, reason: str, message: str):
+    def __init__(self, kind: str, reason: str, message: str, data: dict[str, Any] | None = None):
         super().__init__(message)
         self.kind = kind
         self.reason = reason
         self.message = message
+        self.data = data
 
     @property
     def exit_code(self) -> int:
@@ -176,8 +179,11 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def write_failure(job_dir: Path, failure: JobFailure) -> None:
     # a full disk must not hide the exit code, which still says what happened
     with contextlib.suppress(OSError):
-        write_json_atomic(job_dir / "failure.json",
-                          {"kind": failure.kind, "reason": failure.reason, "message": failure.message[:4000]})
+        body: dict[str, Any] = {"kind": failure.kind, "reason": failure.reason,
+                                "message": failure.message[:4000]}
+        if failure.data:
+            body["data"] = failure.data
+        write_json_atomic(job_dir / "failure.json", body)
 
 
 def classify(exc: BaseException) -> JobFailure:
