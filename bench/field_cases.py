@@ -1,0 +1,336 @@
+"""The field report's cases through the whole service on a GPU box, each phase under a per-card limit.
+
+Builds random-init models of published shapes (saved in bf16, as real ones are) and a long-row
+alpaca file, then for each phase starts ``tunebox serve`` on its embedded default with the phase's
+``TUNEBOX_GPU_MEMORY_LIMIT_BYTES`` (none: the whole card), submits the phase's jobs at once through
+the REST API (the leases pack those whose planned peaks fit together on one card), waits for
+them, and records per job: the plan (or the refusal with its alternatives), the status history and
+every "planned again" event, and what the service's own trainer and worker measured: NVML peak of
+the process, PyTorch's reserved and allocated peaks, host RSS, tokens/s.
+
+    python3 -m bench.field_cases --out report.json --phase pack --phase limit10 [--steps 8]
+
+``--list`` prints the phases and their jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.service_gpu import (
+    REPO,
+    build_dataset,
+    build_model,
+    free_port,
+    progress_lines,
+    steady_tokens_per_second,
+    tunebox,
+)
+
+GIB = 2**30
+ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+AUTO = {"num_gpus": "auto", "zero_stage": "auto", "offload_optimizer": "auto", "offload_param": "auto"}
+#: the field report's headline configuration: ZeRO-3, optimizer and parameters on the CPU
+FIELD_REPORT = {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}
+
+
+def job(name: str, model: str, method: str, resources: dict[str, Any], *, seq_len: int = 1024,
+        micro: int | str = "auto", accumulation: int = 8, checkpointing: bool | str = "auto",
+        targets: list[str] | None = None) -> dict[str, Any]:
+    return {"name": name, "model": model, "method": method,
+            "lora": {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": targets or ALL_PROJECTIONS},
+            "training": {"micro_batch_size": micro, "gradient_accumulation_steps": accumulation,
+                         "seq_len": seq_len, "gradient_checkpointing": checkpointing},
+            "resources": resources}
+
+
+#: phase -> (per-card limit in GiB or None, jobs)
+PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
+    # two 1.5B LoRA jobs that the leases pack onto one card, each held to its plan
+    "pack": (None, [
+        job(f"lora-1.5b-z2-{i}", "qwen2.5-1.5b", "lora",
+            {"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "none", "offload_param": "none"},
+            seq_len=2048, micro=2, accumulation=1, checkpointing=True,
+            targets=["q_proj", "k_proj", "v_proj", "o_proj"])
+        for i in (1, 2)]),
+    # the field report's own configurations pinned, measured on the whole card
+    "pinned": (None, [
+        job("lora-7b-field-report", "qwen2.5-7b", "lora", FIELD_REPORT, micro=1, accumulation=1,
+            checkpointing=True),
+        job("qlora-7b-z0", "qwen2.5-7b", "qlora",
+            {"num_gpus": 1, "zero_stage": 0, "offload_optimizer": "none", "offload_param": "none"},
+            micro=1, accumulation=1, checkpointing=True),
+    ]),
+    # every resource "auto" under a 10 GiB and a 24 GiB card
+    "limit10": (10, [job("lora-7b-auto-10g", "qwen2.5-7b", "lora", AUTO),
+                     job("qlora-7b-auto-10g", "qwen2.5-7b", "qlora", AUTO)]),
+    "limit24": (24, [job("lora-7b-auto-24g", "qwen2.5-7b", "lora", AUTO),
+                     job("full-1.5b-auto-24g", "qwen2.5-1.5b", "full", AUTO)]),
+    # LoRA with the parameters offloaded on one GPU, across vocabularies, tying and sequences
+    "offload1": (None, [
+        job("lora-7b-z3-offload-s2048", "qwen2.5-7b", "lora", FIELD_REPORT, seq_len=2048, micro=1,
+            accumulation=1, checkpointing=True),
+        job("lora-1.5b-z3-offload-s2048", "qwen2.5-1.5b", "lora", FIELD_REPORT, seq_len=2048, micro=2,
+            accumulation=1, checkpointing=True, targets=["q_proj", "k_proj", "v_proj", "o_proj"]),
+        job("lora-llama3b-z3-offload-s1024", "llama-3.2-3b", "lora", FIELD_REPORT, seq_len=1024, micro=2,
+            accumulation=1, checkpointing=True),
+        job("lora-mistral7b-z3-offload-s2048", "mistral-7b-v0.3", "lora", FIELD_REPORT, seq_len=2048,
+            micro=1, accumulation=1, checkpointing=True, targets=["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ]),
+}
+#: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
+SEQUENTIAL = {"offload1"}
+
+
+def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """The submitted job as a spec that plans anywhere: the model by its config, no dataset."""
+    from bench.cases import MODELS
+
+    return {**{k: v for k, v in body.items() if k not in ("model", "dataset", "name")},
+            "model": {"config": dict(MODELS[spec["model"]])}}
+
+
+PINNED = ("num_gpus", "zero_stage", "offload_optimizer", "offload_param")
+
+
+def boxes(report: dict[str, Any], phase: dict[str, Any]) -> dict[str, Any]:
+    """The box a phase's jobs ran on, as a plan's ``hardware``."""
+    hw = report["hardware"]
+    return {"gpu_count": 1, "host_memory_bytes": hw["host_memory_gib"] * GIB,
+            "gpu_memory_bytes": phase["card_limit_bytes"] or hw["gpu_memory_bytes"]}
+
+
+def model_folder(config: dict[str, Any], where: Path) -> Path:
+    """A folder as the job had it: the config and a (sparse) bf16 weight file of the model's size,
+    which the plan's host figure reads (the checkpoint is loaded through host memory)."""
+    from planner import plan
+
+    folder = where / f"{config['model_type']}-{config['hidden_size']}-{config['num_hidden_layers']}"
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(config))
+        parameters = plan({"model": {"config": config}, "method": "full", "hardware": {
+            "gpu_count": 1, "gpu_memory_bytes": 2**40, "host_memory_bytes": 2**40}}).model.num_parameters
+        with (folder / "model.safetensors").open("wb") as fh:
+            fh.truncate(2 * parameters)
+    return folder
+
+
+def replan(job: dict[str, Any], box: dict[str, Any], where: Path) -> Any:
+    """The job planned by today's planner with the configuration it ran, on the box it ran on."""
+    from planner import plan
+
+    resolved = job["plan"]["resolved"]
+    spec = dict(job["spec"])
+    spec["model"] = {"path": str(model_folder(spec["model"]["config"], where))}
+    spec["resources"] = {**spec["resources"], **{k: resolved[k] for k in PINNED}}
+    spec["training"] = {**spec["training"], "micro_batch_size": resolved["micro_batch_size"],
+                        "gradient_accumulation_steps": resolved["gradient_accumulation_steps"],
+                        "gradient_checkpointing": resolved["gradient_checkpointing"]}
+    spec["hardware"] = box
+    return plan(spec)
+
+
+def measured_jobs(paths: list[Path]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(file:phase:job, job record, box) of every job that ran at least two steps."""
+    out = []
+    for path in sorted(paths):
+        report = json.loads(path.read_text())
+        for phase_name, phase in report["phases"].items():
+            for name, job in phase["jobs"].items():
+                if job.get("nvml_peak_bytes") and job.get("steps", 0) >= 2:
+                    out.append((f"{path.stem}:{phase_name}:{name}", job, boxes(report, phase)))
+    return out
+
+
+def render(paths: list[Path], where: Path) -> str:
+    """The markdown report of the records: planned at submission, planned today, measured."""
+    lines = ["| job | card | configuration | status (steps) | planned at submission GiB | planned now GiB | "
+             "NVML peak GiB | error now | torch reserved / allocated GiB | host planned now / measured GiB "
+             "| tokens/s planned now / measured |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for ident, job, box in measured_jobs(paths):
+        now = replan(job, box, where)
+        r = job["plan"]["resolved"]
+        setup = (f"{r['method']} z{r['zero_stage']} off={r['offload_optimizer']}/{r['offload_param']} "
+                 f"mb{r['micro_batch_size']}x{r['gradient_accumulation_steps']} s{r['seq_len']}")
+        nvml = job["nvml_peak_bytes"]
+        host = job.get("measured_host_rss_bytes")
+        tps = job.get("steady_tokens_per_second")
+        planned_now = now.per_gpu.total_bytes
+        reserved, allocated = job["torch_reserved_peak_bytes"], job["torch_allocated_peak_bytes"]
+        cells = [ident, f"{box['gpu_memory_bytes'] / GIB:.0f} GiB", setup,
+                 f"{job['status']} ({job['steps']})", f"{job['planned_peak_gpu_bytes'] / GIB:.2f}",
+                 f"{planned_now / GIB:.2f}", f"{nvml / GIB:.2f}", f"{(planned_now - nvml) / nvml:+.1%}",
+                 f"{reserved / GIB:.2f} / {allocated / GIB:.2f}",
+                 f"{now.host.total_bytes / GIB:.2f} / {(host or 0) / GIB:.2f}",
+                 f"{now.estimated_tokens_per_second:,.0f} / {(tps or 0):,.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plan_summary(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not plan:
+        return None
+    per_gpu = plan.get("per_gpu") or {}
+    keys = ("total_bytes", "required_bytes", "allocator_limit_bytes", "allocator_slack_bytes",
+            "cuda_context_bytes", "peak_phase", "capacity_bytes")
+    return {"fits": plan.get("fits"), "resolved": plan.get("resolved"),
+            "per_gpu": {k: per_gpu.get(k) for k in keys},
+            "host_total_bytes": (plan.get("host") or {}).get("total_bytes"),
+            "estimated_step_seconds": plan.get("estimated_step_seconds"),
+            "estimated_tokens_per_second": plan.get("estimated_tokens_per_second"),
+            "replanned_after_oom": plan.get("replanned_after_oom")}
+
+
+def _max(lines: list[dict[str, Any]], key: str) -> int | None:
+    values = [int(ln[key]) for ln in lines if ln.get(key) is not None]
+    return max(values) if values else None
+
+
+def _result(client: httpx.Client, jid: str, data_dir: Path) -> dict[str, Any]:
+    job_row = client.get(f"/v1/jobs/{jid}").json()
+    events = client.get(f"/v1/jobs/{jid}/events", params={"limit": 1000}).json()["items"]
+    lines = progress_lines(data_dir / "jobs" / jid)
+    progress = [ln for ln in lines if ln.get("type") == "progress"]
+    return {
+        "id": jid, "status": job_row["status"], "attempt": job_row["attempt"], "failure": job_row["failure"],
+        "plan": _plan_summary(job_row["plan"]),
+        "planned_peak_gpu_bytes": job_row["planned_peak_gpu_bytes"],
+        "measured_peak_gpu_bytes": job_row["progress"]["measured_peak_gpu_bytes"],
+        "measured_host_rss_bytes": job_row["progress"]["measured_host_rss_bytes"],
+        "nvml_peak_bytes": _max(progress, "nvml_peak_bytes"),
+        "torch_reserved_peak_bytes": _max(progress, "peak_gpu_bytes"),
+        "torch_allocated_peak_bytes": _max(progress, "peak_allocated_gpu_bytes"),
+        "host_rss_peak_bytes": _max(progress, "host_rss_bytes"),
+        "steady_tokens_per_second": steady_tokens_per_second(progress, skip=2),
+        "steps": len(progress),
+        "status_history": [(e["created_at"], e["data"]["to"], e["message"])
+                           for e in events if e["kind"] == "status"],
+        "gpus": job_row["gpu_indices"],
+    }
+
+
+def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps: int,
+              timeout: float) -> dict[str, Any]:
+    limit_gib, jobs = PHASES[name]
+    data_dir = work / f"tunebox-{name}"
+    env = dict(os.environ)
+    env.update({"TUNEBOX_DATA_DIR": str(data_dir),
+                "TUNEBOX_MODEL_ROOTS": json.dumps(sorted({str(p.parent) for p in models.values()})),
+                "TUNEBOX_DATASET_ROOTS": json.dumps([str(data.parent)]),
+                "TUNEBOX_PROGRESS_INTERVAL_S": "1",
+                "TUNEBOX_WORKER_CONCURRENCY": "1" if name in SEQUENTIAL else "0",
+                "PYTHONPATH": f"{REPO}:{env.get('PYTHONPATH', '')}"})
+    if limit_gib is not None:
+        env["TUNEBOX_GPU_MEMORY_LIMIT_BYTES"] = str(int(limit_gib * GIB))
+    for key in ("TUNEBOX_BROKER_URL", "TUNEBOX_DATABASE_URL"):
+        env.pop(key, None)
+    tunebox(env, "db", "upgrade")
+    token = tunebox(env, "token", "create", "bench", "--admin").strip().splitlines()[0]
+    port = free_port()
+    log = (work / f"serve-{name}.log").open("wb")
+    serve = subprocess.Popen([sys.executable, "-m", "tunebox.cli", "serve", "--port", str(port)], env=env,
+                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                          headers={"Authorization": f"Bearer {token}"})
+    out: dict[str, Any] = {"card_limit_bytes": int(limit_gib * GIB) if limit_gib else None, "jobs": {}}
+    started = time.monotonic()
+    try:
+        for _ in range(240):
+            if serve.poll() is not None:
+                raise RuntimeError(f"tunebox serve exited {serve.returncode}: see serve-{name}.log")
+            try:
+                if client.get("/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        out["gpus"] = client.get("/v1/gpus").json()
+        ids: dict[str, str] = {}
+        for spec in jobs:
+            body = {**spec, "model": {"path": str(models[spec["model"]])},
+                    "dataset": {"path": str(data), "format": "alpaca", "eval_fraction": 0.0},
+                    "eval": {"when": "none"}}
+            body["training"] = {**spec["training"], "max_steps": steps, "epochs": None, "save_steps": 10_000,
+                                "precision": "bf16",
+                                "learning_rate": 2e-4 if spec["method"] != "full" else 2e-5}
+            resp = client.post("/v1/jobs", json=body)
+            entry: dict[str, Any] = {"submit_status": resp.status_code, "spec": record_spec(spec, body)}
+            if resp.status_code == 201:
+                ids[spec["name"]] = resp.json()["id"]
+            else:
+                entry["refusal"] = resp.json()
+                plan = client.post("/v1/plans", json={k: v for k, v in body.items() if k != "dataset"})
+                entry["plan"] = plan.json() if plan.status_code == 200 else plan.text[:4000]
+            out["jobs"][spec["name"]] = entry
+        deadline = time.monotonic() + timeout
+        while ids and time.monotonic() < deadline:
+            states = {n: client.get(f"/v1/jobs/{i}").json()["status"] for n, i in ids.items()}
+            if all(s in ("succeeded", "failed", "cancelled") for s in states.values()):
+                break
+            time.sleep(3)
+        for n, jid in ids.items():
+            out["jobs"][n].update(_result(client, jid, data_dir))
+    finally:
+        out["seconds"] = round(time.monotonic() - started, 1)
+        serve.terminate()
+        try:
+            serve.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--phase", action="append", choices=sorted(PHASES))
+    ap.add_argument("--work", type=Path, default=Path("/tmp/tunebox-field-cases"))
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=300, help="seconds a phase waits for its jobs")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--render", type=Path, nargs="+", metavar="REPORT",
+                    help="print the markdown table of these reports against today's planner")
+    args = ap.parse_args()
+    if args.render:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as where:
+            print(render(args.render, Path(where)), end="")
+        return 0
+    if args.list:
+        for name, (limit, jobs) in PHASES.items():
+            print(name, f"card limit {limit} GiB" if limit else "whole card", [j["name"] for j in jobs])
+        return 0
+    if not args.out or not args.phase:
+        ap.error("--out and at least one --phase are needed")
+    t0 = time.monotonic()
+    wanted = {j["model"] for p in args.phase for j in PHASES[p][1]}
+    models = {m: build_model(m, args.work / "models" / m, "cuda") for m in sorted(wanted)}
+    data = build_dataset(args.work / "data" / "pattern.jsonl", rows=400, words=2500)
+    report: dict[str, Any] = {"setup_seconds": round(time.monotonic() - t0, 1), "steps": args.steps,
+                              "phases": {}}
+    for phase in args.phase:
+        report["phases"][phase] = run_phase(phase, models, data, args.work, args.steps, args.timeout)
+        args.out.write_text(json.dumps(report, indent=1, default=str))  # kept if a later phase is cut off
+        for n, r in report["phases"][phase]["jobs"].items():
+            print(phase, n, r.get("status") or r.get("submit_status"), "planned",
+                  r.get("planned_peak_gpu_bytes"), "nvml", r.get("nvml_peak_bytes"), "reserved",
+                  r.get("torch_reserved_peak_bytes"), "alloc", r.get("torch_allocated_peak_bytes"),
+                  "tok/s", r.get("steady_tokens_per_second"), "attempt", r.get("attempt"), flush=True)
+    report["total_seconds"] = round(time.monotonic() - t0, 1)
+    args.out.write_text(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
