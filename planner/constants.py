@@ -61,6 +61,11 @@ ALLOCATOR_LARGEST_GRADIENT_BLOCKS = 4.98
 ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED = 4.58
 ALLOCATOR_GATHERED_BLOCKS = 1.17
 ALLOCATOR_VOCABULARY_BLOCKS = 4.25
+#: The same on one GPU with the parameters offloaded: each fetch there is a copy into a block of
+#: the parameter's own size, which the next fetch of that size reuses, so the cache holds one
+#: vocabulary-sized block at the peak, not the all-gather's several. A count, not fitted; the
+#: measurement behind it is in bench/results/field-cases/ (the field report's 7B LoRA).
+ALLOCATOR_VOCABULARY_BLOCKS_ONE_GPU = 1.0
 #: Soft-capped logits (Gemma 2's ``final_logit_softcapping``) leave one more fp32 logits-sized
 #: block in the cache when no gradient checkpointing frees the activations between the loss and
 #: the next step: a count, not fitted. Measured (``bench/measure.py --matrix logits`` and

@@ -690,7 +690,8 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
     if gathered > 0 and s.method == "full":
         fetched = C.ALLOCATOR_GATHERED_BLOCKS * gathered
     elif gathered > 0:
-        fetched = C.ALLOCATOR_VOCABULARY_BLOCKS * w * arch.vocab_size * arch.hidden_size
+        blocks = C.ALLOCATOR_VOCABULARY_BLOCKS if s.num_gpus > 1 else C.ALLOCATOR_VOCABULARY_BLOCKS_ONE_GPU
+        fetched = blocks * w * arch.vocab_size * arch.hidden_size
     largest = (
         C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED
         if s.offload_optimizer != "none"
