@@ -104,6 +104,26 @@ class PlanDoesNotFit(InvalidInput):
     slug, title = "plan-does-not-fit", "The job does not fit this box"
 
 
+class GpusExceedBox(InvalidInput):
+    slug, title = "num-gpus-exceeds-box", "More GPUs asked than the box has"
+
+
+class SeqLenBeyondContext(InvalidInput):
+    slug, title = "seq-len-beyond-context", "seq_len exceeds the model's trained context"
+
+
+class MethodUnavailable(InvalidInput):
+    slug, title = "method-unavailable", "The box cannot run this method"
+
+
+#: a planner refusal's code -> its problem type (any other code is plain invalid input)
+PLAN_REFUSALS: dict[str, type[InvalidInput]] = {
+    "num_gpus_exceeds_box": GpusExceedBox,
+    "seq_len_beyond_context": SeqLenBeyondContext,
+    "method_unavailable": MethodUnavailable,
+}
+
+
 def problem_body(
     *, status: int, slug: str, title: str, detail: str, instance: str,
     errors: Sequence[Mapping[str, Any]] = (), extensions: Mapping[str, Any] | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ from planner import constants as C
 from planner.advice import Context, advise, warn
 from planner.arch import Arch, arch_from_config
 from planner.catalogue import lookup
+from planner.dsconfig import _INT_KNOBS as INT_KNOB_FIELDS
 from planner.dsconfig import PinnedDeepSpeed, build_deepspeed_config, parse_pinned
 from planner.errors import PlanError
 from planner.evaluation import EvalMemory, estimate_eval
@@ -36,12 +37,15 @@ from planner.search import (
     Bounds,
     Candidate,
     Choices,
+    Found,
     all_choices,
     changes_between,
-    cheapest_fixes,
-    enumerate_candidates,
-    rank_key,
-    ranked_alternatives,
+    distinct_changes,
+    evaluate,
+    fixes_found,
+    knob_variants,
+    non_dominated,
+    search,
 )
 from planner.setup import Device, Setup
 from planner.spec import AUTO, HardwareSpec, JobSpec
@@ -159,6 +163,7 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
         host_clock_factor=hw.host_clock_factor or 1.0,
     )
     _refuse_unavailable_nvme(spec, pinned, hw)
+    _refuse_what_the_box_cannot_run(spec, hw)
     return Prepared(spec, arch, facts, source, _fp32_dtype_field(config, where), pinned, bounds, rates, hw)
 
 
@@ -173,6 +178,23 @@ def _refuse_unavailable_nvme(spec: JobSpec, pinned: PinnedDeepSpeed, hw: Hardwar
             raise PlanError(f"resources.{target}", why)
         if getattr(pinned, target).get("device") == "nvme":
             raise PlanError(f"resources.deepspeed.{target}.device", why)
+
+
+def _refuse_what_the_box_cannot_run(spec: JobSpec, hw: HardwareSpec) -> None:
+    """Specs no configuration can run on this box, each refused for its own reason."""
+    gpus = spec.resources.num_gpus
+    if gpus != AUTO and int(gpus) > hw.gpu_count:
+        raise PlanError(
+            "resources.num_gpus",
+            f"{gpus} GPUs asked, the box has {hw.gpu_count}",
+            code="num_gpus_exceeds_box",
+        )
+    if spec.method.value == "qlora" and hw.qlora_unavailable is not None:
+        raise PlanError(
+            "method",
+            f"QLoRA cannot run on this box: {hw.qlora_unavailable}; use method lora",
+            code="method_unavailable",
+        )
 
 
 # --- the search space from the spec -------------------------------------------------------------------
@@ -228,6 +250,7 @@ def _choices(p: Prepared, base: Setup) -> tuple[Choices, bool]:
     global_batch = t.gradient_accumulation_steps * (micro[0] if micro else 1) * (gpus[0] if gpus else 1)
     free = all_choices(base, p.bounds, global_batch)
     auto = None in (gpus, micro, stages, opt, par, ckpt)
+    pinned = _pinned_knob_fields(p)
     return Choices(
         num_gpus=gpus or free.num_gpus,
         micro_batch_size=micro,
@@ -237,7 +260,13 @@ def _choices(p: Prepared, base: Setup) -> tuple[Choices, bool]:
         gradient_checkpointing=ckpt or free.gradient_checkpointing,
         global_batch=global_batch,
         explicit_accumulation=t.gradient_accumulation_steps if micro and gpus else None,
+        knobs={s: knob_variants(p.facts, base.knobs, s, pinned) for s in stages or free.zero_stage},
     ), auto
+
+
+def _pinned_knob_fields(p: Prepared) -> frozenset[str]:
+    """The ZeroKnobs fields ``resources.deepspeed`` sets: the search leaves them as the user has them."""
+    return frozenset(INT_KNOB_FIELDS[k] for k in p.spec.resources.deepspeed if k in INT_KNOB_FIELDS)
 
 
 def _base_setup(p: Prepared) -> Setup:
@@ -269,44 +298,58 @@ def attention_for(arch: Arch, requested: str | None) -> str:
     return "eager" if arch.model_type == "gemma2" else "sdpa"
 
 
-def _choose(p: Prepared, base: Setup) -> tuple[Candidate, list[Candidate], bool]:
+def _choose(p: Prepared, base: Setup) -> tuple[Candidate, Found, bool]:
+    """The fastest configuration that fits, else the one closest to fitting (the spec as given)."""
     choices, auto = _choices(p, base)
-    candidates: list[Candidate] = []
-    for tier in (0, 1, 2):  # the ladder: offload only when nothing without it fits, NVMe last
-        candidates += enumerate_candidates(p.facts, base, choices, p.bounds, p.rates, tiers=(tier,))
-        if any(c.fits for c in candidates):
-            break
-    if not candidates:
+    found = search(p.facts, base, choices, p.bounds, p.rates, done=distinct_changes(1 + _ALTERNATIVES))
+    if found.points == 0:
         raise PlanError(
             "training.gradient_accumulation_steps",
             f"no way to split the global batch of {choices.global_batch} over the GPUs asked",
         )
-    fitting = [c for c in candidates if c.fits]
-    if fitting:
-        return min(fitting, key=rank_key), candidates, auto
-    closest = min(
-        candidates, key=lambda c: (c.memory.required_bytes / p.bounds.gpu_usable, c.speed.step_seconds)
-    )
-    return closest, candidates, auto
+    if found.best is not None:
+        return found.best, found, auto
+    usable = p.bounds.gpu_usable
+    closest = min(found.evaluated, key=lambda c: (c.memory.required_bytes / usable, -c.speed.step_seconds))
+    return closest, found, auto
 
 
-def _fix_space(p: Prepared, chosen: Candidate) -> list[Candidate]:
-    """Every configuration of the box around ``chosen``, for "what would make it fit"."""
-    base = chosen.setup
+def _free_choices(p: Prepared, facts: ModelFacts, base: Setup) -> Choices:
+    """Every configuration of the box for ``base``'s job, its knobs free too."""
     free = all_choices(base, p.bounds, base.global_batch)
-    candidates = enumerate_candidates(p.facts, base, free, p.bounds, p.rates)
-    if any(c.fits for c in candidates):
-        return candidates
-    # Change the job itself only when no configuration of it fits.
-    for method in ("lora", "qlora"):
-        if method == base.method or (base.method == "qlora"):
-            continue
-        other = prepare_method(p, method)
-        candidates += enumerate_candidates(other, base.with_(method=method), free, p.bounds, p.rates)
-        if any(c.fits for c in candidates):
-            return candidates
-    shorter = base.with_(seq_len=max(8, base.seq_len // 2))
-    return candidates + enumerate_candidates(p.facts, shorter, free, p.bounds, p.rates)
+    variants = {stage: knob_variants(facts, base.knobs, stage, frozenset()) for stage in free.zero_stage}
+    return replace(free, knobs=variants)
+
+
+#: the job changes a refusal may propose, per method: cheaper methods the user may accept
+_METHOD_FIXES = {"full": ("lora", "qlora"), "lora": ("qlora",), "qlora": ()}
+_MIN_SEQ_LEN = 128
+
+
+def _fixes(p: Prepared, asked: Candidate) -> list[Candidate]:
+    """Configurations that fit, each a smallest change from ``asked`` for its speed, fastest
+    first. The job itself changes only when no configuration of it fits: a cheaper method the
+    user may accept, and for each method the longest sequence (halving seq_len) that fits."""
+    current = asked.setup
+    done = fixes_found(current, _ALTERNATIVES)
+    found = search(p.facts, current, _free_choices(p, p.facts, current), p.bounds, p.rates, done=done)
+    if found.fitting:
+        return non_dominated(current, found.fitting, _ALTERNATIVES)
+    fitting: list[Candidate] = []
+    runnable = p.hardware.qlora_unavailable is None
+    methods = [m for m in _METHOD_FIXES[current.method] if m != "qlora" or runnable]
+    for method in (current.method, *methods):
+        facts = p.facts if method == current.method else prepare_method(p, method)
+        seq_len = current.seq_len if method != current.method else current.seq_len // 2
+        while seq_len >= _MIN_SEQ_LEN:
+            base = current.with_(method=method, seq_len=seq_len)
+            shorter = search(facts, base, _free_choices(p, facts, base), p.bounds, p.rates, done=done)
+            if shorter.fitting:
+                fitting += shorter.fitting
+                break
+            seq_len //= 2
+    fitting.sort(key=lambda c: (-c.speed.tokens_per_second, len(changes_between(current, c.setup))))
+    return non_dominated(current, fitting, _ALTERNATIVES)
 
 
 def prepare_method(p: Prepared, method: str) -> ModelFacts:
@@ -317,12 +360,42 @@ def prepare_method(p: Prepared, method: str) -> ModelFacts:
 # --- output -------------------------------------------------------------------------------------------
 
 
-def _alternative(current: Setup, c: Candidate, reason: str) -> Alternative:
-    changes: dict[str, Any] = dict(changes_between(current, c.setup))
+GIB = 1024**3
+
+
+def _kind(changes: Mapping[str, object]) -> str:
+    if "method" in changes:
+        return "method_change"
+    return "shorter_seq_len" if "training.seq_len" in changes else "configuration"
+
+
+def _job_change_text(changes: Mapping[str, object]) -> str:
+    parts = []
+    if "method" in changes:
+        parts.append(f"changes the method to {changes['method']}")
+    if "training.seq_len" in changes:
+        parts.append(f"shortens the sequences to {changes['training.seq_len']} tokens")
+    return " and ".join(parts) + ": " if parts else ""
+
+
+def _alternative(p: Prepared, current: Candidate, c: Candidate, chosen_fits: bool) -> Alternative:
+    changes: dict[str, Any] = dict(changes_between(current.setup, c.setup))
+    kind = _kind(changes)
+    ratio = c.speed.tokens_per_second / current.speed.tokens_per_second
+    than = "the chosen configuration" if chosen_fits else "the configuration asked"
+    what = _job_change_text(changes)
+    reason = (
+        f"{what}{c.memory.required_bytes / GIB:.1f} GiB per GPU of "
+        f"{p.bounds.gpu_usable / GIB:.1f} GiB usable, "
+        f"host {c.memory.host.total_bytes / GIB:.1f} GiB of {p.bounds.host_usable / GIB:.1f} GiB; "
+        f"planned {c.speed.tokens_per_second:,.0f} tokens/s, x{ratio:.2f} of {than}"
+    )
     return Alternative(
         changes=changes,
         fits=c.fits,
+        kind=kind,
         per_gpu_total_bytes=c.memory.total_bytes,
+        per_gpu_required_bytes=c.memory.required_bytes,
         host_total_bytes=c.memory.host.total_bytes,
         estimated_step_seconds=round(c.speed.step_seconds, 6),
         estimated_tokens_per_second=round(c.speed.tokens_per_second, 3),
@@ -330,23 +403,10 @@ def _alternative(current: Setup, c: Candidate, reason: str) -> Alternative:
     )
 
 
-def _alternatives(p: Prepared, chosen: Candidate, candidates: list[Candidate]) -> list[Alternative]:
-    if chosen.fits:
-        ranked = ranked_alternatives(chosen, candidates, _ALTERNATIVES)
-        base = chosen.speed.step_seconds
-        return [
-            _alternative(
-                chosen.setup,
-                c,
-                f"also fits; step time x{c.speed.step_seconds / base:.2f} of the chosen configuration",
-            )
-            for c in ranked
-        ]
-    fixes = cheapest_fixes(chosen.setup, _fix_space(p, chosen), _ALTERNATIVES)
-    return [
-        _alternative(chosen.setup, c, "cheapest change that fits" if i == 0 else "also fits")
-        for i, c in enumerate(fixes)
-    ]
+def _alternatives(p: Prepared, chosen: Candidate, found: Found) -> list[Alternative]:
+    """Fitting plan: the next fastest configurations. Refusal: the smallest changes that fit."""
+    ranked = non_dominated(chosen.setup, found.fitting, _ALTERNATIVES) if chosen.fits else _fixes(p, chosen)
+    return [_alternative(p, chosen, c, chosen.fits) for c in ranked]
 
 
 def _steps(spec: JobSpec, global_batch: int) -> int | None:
@@ -459,21 +519,40 @@ def _eval(p: Prepared, e: EvalMemory, training_bytes: int) -> EvalEstimate:
     )
 
 
+def _nothing_fits(p: Prepared, closest: Candidate) -> Note:
+    methods = ", ".join((closest.setup.method, *_METHOD_FIXES[closest.setup.method]))
+    return Note(
+        code="nothing_fits",
+        field="model",
+        message=(
+            f"no configuration of this box fits ({p.bounds.gpu_count} x {p.bounds.gpu_usable / GIB:.1f} GiB "
+            f"usable GPU memory, {p.bounds.host_usable / GIB:.1f} GiB usable host RAM, "
+            f"{p.bounds.nvme_bytes / GIB:.0f} GiB NVMe), with any ZeRO stage, offload, checkpointing or "
+            f"micro-batch, as {methods}, or with seq_len down to {_MIN_SEQ_LEN}; the closest needs "
+            f"{closest.memory.required_bytes / GIB:.1f} GiB per GPU and "
+            f"{closest.memory.host.total_bytes / GIB:.1f} GiB of host RAM: a smaller model or a larger box"
+        ),
+    )
+
+
 def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = None) -> Plan:
     """Plan a job: does it fit, how fast, with which DeepSpeed config; "auto" filled."""
     p = prepare(spec, hardware)
-    chosen, candidates, auto = _choose(p, _base_setup(p))
+    chosen, found, auto = _choose(p, _base_setup(p))
     s = chosen.setup
     e = estimate_eval(p.facts, s.precision, s.seq_len, p.spec.eval.max_new_tokens, p.spec.eval.batch_size)
-    requested = p.spec.resources.num_gpus
+    ev = p.spec.eval
     ctx = Context(
-        p.facts,
-        chosen,
-        p.bounds,
-        e,
-        p.spec.eval.when.value != "none",
-        p.config_dtype_field,
-        int(requested) if requested != AUTO else None,
+        facts=p.facts,
+        chosen=chosen,
+        bounds=p.bounds,
+        eval_memory=e,
+        eval_enabled=ev.when.value != "none",
+        config_dtype_field=p.config_dtype_field,
+        evaluate=lambda changed: evaluate(p.facts, changed, p.bounds, p.rates),
+        eval_at=lambda rows: estimate_eval(p.facts, s.precision, s.seq_len, ev.max_new_tokens, rows),
+        eval_batch_size=ev.batch_size,
+        micro_batch_pinned=p.spec.training.micro_batch_size != AUTO,
     )
     warnings: list[Note] = warn(ctx)
     if (why := p.hardware.nvme_unavailable) and not chosen.fits:
@@ -484,6 +563,9 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
                 message=f"NVMe offload was not considered; it cannot run on this box: {why}",
             )
         )
+    alternatives = _alternatives(p, chosen, found)
+    if not chosen.fits and not alternatives:
+        warnings.append(_nothing_fits(p, chosen))
     steps = _steps(p.spec, s.global_batch)
     ds = build_deepspeed_config(
         s,
@@ -513,7 +595,7 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
         estimated_steps=steps,
         estimated_duration_seconds=round(steps * chosen.speed.step_seconds, 3) if steps is not None else None,
         deepspeed_config=ds,
-        alternatives=_alternatives(p, chosen, candidates),
+        alternatives=alternatives,
         warnings=warnings,
-        advice=advise(ctx, chosen.fits, auto),
+        advice=advise(ctx, chosen.fits),
     )

@@ -10,9 +10,12 @@ class PlanError(ValueError):
 
     ``field`` is where the user should look (``"model.config.num_attention_heads"``,
     ``"resources.deepspeed.reduce_bucket_sise"``); the API turns it into a 422 problem body.
+    ``code`` says what kind of refusal it is (``"invalid_spec"`` for a value the planner cannot
+    read; the others, such as ``"num_gpus_exceeds_box"``, for a spec the box cannot run).
     """
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, code: str = "invalid_spec") -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.code = code

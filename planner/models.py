@@ -30,6 +30,11 @@ class Note(_Out):
     code: str
     message: str
     field: str | None = None
+    #: advice: the value it proposes for ``field``, and what planning that change saves per GPU
+    #: (bytes of ``per_gpu.required_bytes``) and per step (seconds; negative: the step is slower)
+    value: Any = None
+    saves_bytes: int | None = None
+    saves_seconds: float | None = None
 
 
 class Resolved(_Out):
@@ -149,7 +154,12 @@ class EvalEstimate(_Out):
 class Alternative(_Out):
     changes: dict[str, Any]
     fits: bool
+    #: ``configuration`` (the same job, run differently), ``shorter_seq_len`` or ``method_change``
+    #: (a different job the user may accept: LoRA -> QLoRA, full -> LoRA or QLoRA)
+    kind: str = "configuration"
     per_gpu_total_bytes: int
+    #: what must fit on each GPU (``per_gpu.required_bytes`` of that configuration)
+    per_gpu_required_bytes: int = 0
     host_total_bytes: int
     estimated_step_seconds: float
     estimated_tokens_per_second: float

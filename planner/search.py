@@ -1,24 +1,72 @@
-"""Filling "auto": the fastest configuration that fits, and ranked alternatives.
+"""Filling "auto": the fastest configuration that fits, and the fixes for one that does not.
 
-The seed's ladder orders the search: configurations without offload first (checkpointing,
-smaller micro-batches with more accumulation, higher ZeRO stages, more GPUs), CPU offload only
-when none of those fits, NVMe last. Within a tier the fastest wins. The global batch
-(micro x accumulation x GPUs) stays what the user asked for.
+Every allowed combination of GPU count, ZeRO stage, offload devices, checkpointing, micro-batch
+(accumulation keeping the global batch) and ZeRO knob set is a point of the search; the chosen
+one is the fitting point of the highest planned tokens/s. The space does not depend on the box's
+capacities, only which of its points fit does, so more GPU memory, more GPUs or more host RAM
+never gives a slower choice. The field report's ladder (checkpointing and accumulation before
+offload, NVMe last) breaks ties and shapes the advice; it never hides a faster fitting point.
+
+Points are scored on the step-time model first (cheap) and their memory is estimated in order of
+speed, until the first that fits and enough distinct alternatives are found.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 from planner import constants as C
 from planner.memory import MemoryEstimate, ModelFacts, estimate_memory
-from planner.setup import Device, Setup
+from planner.setup import Device, Setup, ZeroKnobs
 from planner.speed import GpuRates, SpeedEstimate, estimate_speed
 
-__all__ = ["Bounds", "Candidate", "Choices", "cheapest_fixes", "enumerate_candidates", "evaluate", "rank_key"]
+__all__ = [
+    "Bounds",
+    "Candidate",
+    "Choices",
+    "Found",
+    "all_choices",
+    "changes_between",
+    "evaluate",
+    "fits_bounds",
+    "knob_variants",
+    "search",
+]
 
 _DEVICES: tuple[Device, ...] = ("none", "cpu", "nvme")
+
+#: ZeRO-3 knobs that trade memory for collectives the step-time model does not charge: the lean set
+#: is tried only after the default at the same point, so it is chosen only where it makes a point fit.
+LEAN_STAGE3: dict[str, int] = {
+    "prefetch_bucket_size": 50_000_000,
+    "max_live_parameters": 100_000_000,
+    "max_reuse_distance": 100_000_000,
+    "sub_group_size": 100_000_000,
+}
+#: the smallest reduce bucket the search sizes for adapters (DeepSpeed's buckets are elements)
+MIN_REDUCE_BUCKET = 1_000_000
+
+#: ZeroKnobs field -> the spec path a change to it is reported under
+KNOB_PATHS: dict[str, str] = {
+    "reduce_bucket_size": "resources.deepspeed.reduce_bucket_size",
+    "prefetch_bucket_size": "resources.deepspeed.stage3_prefetch_bucket_size",
+    "max_live_parameters": "resources.deepspeed.stage3_max_live_parameters",
+    "max_reuse_distance": "resources.deepspeed.stage3_max_reuse_distance",
+    "sub_group_size": "resources.deepspeed.sub_group_size",
+}
+
+_SETUP_PATHS: dict[str, str] = {
+    "method": "method",
+    "training.seq_len": "seq_len",
+    "resources.num_gpus": "num_gpus",
+    "resources.zero_stage": "zero_stage",
+    "resources.offload_optimizer": "offload_optimizer",
+    "resources.offload_param": "offload_param",
+    "training.gradient_checkpointing": "gradient_checkpointing",
+    "training.micro_batch_size": "micro_batch_size",
+    "training.gradient_accumulation_steps": "gradient_accumulation_steps",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +96,7 @@ class Candidate:
 
     @property
     def tier(self) -> int:
-        devices = (self.setup.offload_optimizer, self.setup.offload_param)
-        return 2 if "nvme" in devices else 1 if "cpu" in devices else 0
+        return _tier(self.setup.offload_optimizer, self.setup.offload_param)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +111,21 @@ class Choices:
     gradient_checkpointing: Sequence[bool]
     global_batch: int
     explicit_accumulation: int | None  # with micro-batch and GPUs pinned, accumulation is the user's
+    #: knob sets per ZeRO stage, preferred first; a stage not listed runs the base setup's knobs
+    knobs: dict[int, tuple[ZeroKnobs, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A search's result: the fitting points it met, fastest first, and every point it estimated."""
+
+    fitting: list[Candidate]
+    evaluated: list[Candidate]
+    points: int  # points of the space (scored on speed)
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.fitting[0] if self.fitting else None
 
 
 def fits_bounds(memory: MemoryEstimate, s: Setup, bounds: Bounds) -> bool:
@@ -78,6 +140,28 @@ def fits_bounds(memory: MemoryEstimate, s: Setup, bounds: Bounds) -> bool:
 def evaluate(facts: ModelFacts, s: Setup, bounds: Bounds, rates: GpuRates) -> Candidate:
     memory = estimate_memory(facts, s)
     return Candidate(s, memory, estimate_speed(facts, s, rates), fits_bounds(memory, s, bounds))
+
+
+def knob_variants(
+    facts: ModelFacts, knobs: ZeroKnobs, stage: int, pinned: frozenset[str]
+) -> tuple[ZeroKnobs, ...]:
+    """The knob sets the search tries at one ZeRO stage, the preferred first; ``pinned`` names the
+    ZeroKnobs fields the user set, which stay as they are.
+
+    Adapters train few parameters: a reduce bucket larger than all of them allocates memory that
+    no gradient uses and reduces nothing more per collective, so it is sized down to them.
+    """
+    if stage == 0:
+        return (knobs,)
+    t = facts.trainable_parameters
+    if facts.lora is not None and "reduce_bucket_size" not in pinned:
+        knobs = replace(knobs, reduce_bucket_size=min(knobs.reduce_bucket_size, max(t, MIN_REDUCE_BUCKET)))
+    if stage != 3:
+        return (knobs,)
+    lean_changes = {k: v for k, v in LEAN_STAGE3.items() if k not in pinned and getattr(knobs, k) > v}
+    if not lean_changes:
+        return (knobs,)
+    return knobs, replace(knobs, **lean_changes)  # type: ignore[arg-type]
 
 
 def _divisors(n: int) -> list[int]:
@@ -111,47 +195,98 @@ def _tier(opt: Device, par: Device) -> int:
     return 2 if "nvme" in (opt, par) else 1 if "cpu" in (opt, par) else 0
 
 
-def enumerate_candidates(
-    facts: ModelFacts,
-    base: Setup,
-    ch: Choices,
-    bounds: Bounds,
-    rates: GpuRates,
-    tiers: tuple[int, ...] = (0, 1, 2),
-) -> list[Candidate]:
-    """Evaluate every allowed combination whose offload tier is in ``tiers``."""
+def points(base: Setup, ch: Choices) -> Iterator[tuple[Setup, int]]:
+    """Every allowed setup with the rank of its knob set (0: the preferred)."""
     devices = [
         (stage, opt, par)
         for stage in ch.zero_stage
         for opt in ch.offload_optimizer
         for par in ch.offload_param
-        if _valid(stage, opt, par, base) and _tier(opt, par) in tiers
+        if _valid(stage, opt, par, base)
     ]
-    out: list[Candidate] = []
+    b = base
     for gpus, micro, accum in _batch_splits(ch):
         for stage, opt, par in devices:
             for ckpt in ch.gradient_checkpointing:
-                s = Setup(
-                    base.method,
-                    gpus,
-                    stage,
-                    opt,
-                    par,
-                    micro,
-                    accum,
-                    base.seq_len,
-                    ckpt,
-                    base.precision,
-                    base.optimizer,
-                    base.attn_implementation,
-                    base.knobs,
-                )
-                out.append(evaluate(facts, s, bounds, rates))
-    return out
+                for rank, knobs in enumerate(ch.knobs.get(stage, (b.knobs,))):
+                    yield Setup(
+                        b.method, gpus, stage, opt, par, micro, accum, b.seq_len, ckpt, b.precision,
+                        b.optimizer, b.attn_implementation, knobs,
+                    ), rank
 
 
-def rank_key(c: Candidate) -> tuple[int, float, int, int]:
-    return (c.tier, c.speed.step_seconds, c.setup.num_gpus, c.memory.total_bytes)
+def _order(item: tuple[Setup, int, SpeedEstimate]) -> tuple[float, int, int, int, bool, int]:
+    """Fastest first; at equal planned speed the ladder's order: no offload, fewer GPUs, the
+    preferred knobs, no checkpointing, the larger micro-batch."""
+    s, rank, speed = item
+    return (
+        -speed.tokens_per_second,
+        _tier(s.offload_optimizer, s.offload_param),
+        s.num_gpus,
+        rank,
+        s.gradient_checkpointing,
+        -s.micro_batch_size,
+    )
+
+
+def search(
+    facts: ModelFacts,
+    base: Setup,
+    ch: Choices,
+    bounds: Bounds,
+    rates: GpuRates,
+    *,
+    done: Callable[[Sequence[Candidate]], bool] = bool,
+) -> Found:
+    """Estimate memory in order of planned speed until ``done(fitting points so far)``; by
+    default, the first fitting point."""
+    scored = [(s, rank, estimate_speed(facts, s, rates)) for s, rank in points(base, ch)]
+    scored.sort(key=_order)
+    fitting: list[Candidate] = []
+    evaluated: list[Candidate] = []
+    too_big: set[tuple[object, ...]] = set()
+    usable = bounds.gpu_usable
+    for s, _, speed in scored:
+        group = _states_key(s)
+        if group in too_big:
+            continue
+        memory = estimate_memory(facts, s)
+        if memory.weights_bytes + memory.optimizer_states_bytes > usable:
+            too_big.add(group)
+        c = Candidate(s, memory, speed, fits_bounds(memory, s, bounds))
+        evaluated.append(c)
+        if c.fits:
+            fitting.append(c)
+            if done(fitting):
+                break
+    return Found(fitting, evaluated, len(scored))
+
+
+def _states_key(s: Setup) -> tuple[object, ...]:
+    """What a GPU's weights and optimizer states depend on: all of the setup but the batch split
+    and checkpointing. Their sum never exceeds what must fit, so where it alone is more than the
+    GPU, no micro-batch and no checkpointing of the same states fits (tests/planner check both)."""
+    return (s.method, s.num_gpus, s.zero_stage, s.offload_optimizer, s.offload_param, s.seq_len,
+            s.precision, s.optimizer, s.knobs)
+
+
+def distinct_changes(limit: int) -> Callable[[Sequence[Candidate]], bool]:
+    """A ``done`` for ``search``: ``limit`` fitting points with distinct changes from the first."""
+
+    def done(fitting: Sequence[Candidate]) -> bool:
+        ref = fitting[0].setup
+        return len({frozenset(changes_between(ref, c.setup)) for c in fitting}) >= limit
+
+    return done
+
+
+def fixes_found(current: Setup, limit: int) -> Callable[[Sequence[Candidate]], bool]:
+    """A ``done`` for ``search``: ``limit`` smallest changes from ``current`` (``non_dominated``)."""
+
+    def done(fitting: Sequence[Candidate]) -> bool:
+        return len(non_dominated(current, fitting, limit)) >= limit
+
+    return done
 
 
 def all_choices(base: Setup, bounds: Bounds, global_batch: int) -> Choices:
@@ -168,65 +303,47 @@ def all_choices(base: Setup, bounds: Bounds, global_batch: int) -> Choices:
     )
 
 
-# Cost of each lever, following the ladder: cheap memory savers first, offload late, NVMe last,
-# changing the job itself (method, sequence length) only when nothing else helps.
-_LEVER_COST = {
-    "training.gradient_checkpointing": 1,
-    "training.micro_batch_size": 1,
-    "training.gradient_accumulation_steps": 0,
-    "resources.zero_stage": 2,
-    "resources.num_gpus": 3,
-    "resources.offload_optimizer": 5,
-    "resources.offload_param": 6,
-}
-
-
 def changes_between(a: Setup, b: Setup) -> dict[str, object]:
-    """Spec paths whose values differ from ``a`` to ``b``."""
-    fields = {
-        "training.gradient_checkpointing": "gradient_checkpointing",
-        "training.micro_batch_size": "micro_batch_size",
-        "training.gradient_accumulation_steps": "gradient_accumulation_steps",
-        "resources.zero_stage": "zero_stage",
-        "resources.num_gpus": "num_gpus",
-        "resources.offload_optimizer": "offload_optimizer",
-        "resources.offload_param": "offload_param",
-        "method": "method",
-        "training.seq_len": "seq_len",
+    """Spec paths whose values differ from ``a`` to ``b``, ZeRO knobs included."""
+    out: dict[str, object] = {
+        path: getattr(b, attr) for path, attr in _SETUP_PATHS.items() if getattr(a, attr) != getattr(b, attr)
     }
-    return {path: getattr(b, attr) for path, attr in fields.items() if getattr(a, attr) != getattr(b, attr)}
+    if b.zero_stage > 0:
+        for knob, path in KNOB_PATHS.items():
+            if getattr(a.knobs, knob) != getattr(b.knobs, knob):
+                out[path] = getattr(b.knobs, knob)
+    return out
 
 
-def change_cost(changes: dict[str, object]) -> int:
-    cost = 0
-    for path, value in changes.items():
-        cost += _LEVER_COST.get(path, 20)
-        if value == "nvme":
-            cost += 4
-    return cost
+def non_dominated(current: Setup, fastest_first: Sequence[Candidate], limit: int) -> list[Candidate]:
+    """Fitting candidates, fastest first, leaving out any whose changes from ``current`` include
+    all the changes of a faster (or equally fast) one already listed: each entry is a smallest
+    change for its speed."""
+    kept: list[tuple[frozenset[str], Candidate]] = []
+    for c in fastest_first:
+        if not c.fits or c.setup == current:
+            continue
+        keys = frozenset(changes_between(current, c.setup))
+        if any(k <= keys for k, _ in kept):
+            continue
+        kept.append((keys, c))
+        if len(kept) == limit:
+            break
+    return [c for _, c in kept]
 
 
-def cheapest_fixes(current: Setup, candidates: Sequence[Candidate], limit: int) -> list[Candidate]:
-    """Fitting candidates ordered by how small a change they are from ``current``."""
-    fitting = [c for c in candidates if c.fits and c.setup != current]
-    fitting.sort(key=lambda c: (change_cost(changes_between(current, c.setup)), c.tier, c.speed.step_seconds))
-    return _distinct(current, fitting, limit)
-
-
-def _distinct(current: Setup, ordered: Sequence[Candidate], limit: int) -> list[Candidate]:
+def ranked_alternatives(chosen: Candidate, fastest_first: Sequence[Candidate], limit: int) -> list[Candidate]:
+    """The next fitting configurations after ``chosen``, fastest first, one per set of changes."""
     seen: set[frozenset[str]] = set()
     out: list[Candidate] = []
-    for c in ordered:
-        key = frozenset(changes_between(current, c.setup))
-        if key in seen:
+    for c in fastest_first:
+        if not c.fits or c.setup == chosen.setup:
             continue
-        seen.add(key)
+        keys = frozenset(changes_between(chosen.setup, c.setup))
+        if keys in seen:
+            continue
+        seen.add(keys)
         out.append(c)
         if len(out) == limit:
             break
     return out
-
-
-def ranked_alternatives(chosen: Candidate, candidates: Sequence[Candidate], limit: int) -> list[Candidate]:
-    fitting = sorted((c for c in candidates if c.fits and c.setup != chosen.setup), key=rank_key)
-    return _distinct(chosen.setup, fitting, limit)

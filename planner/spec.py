@@ -155,6 +155,9 @@ class HardwareSpec(_Strict):
     #: Why NVMe offload cannot run on this box (DeepSpeed's async I/O op does not build); a spec
     #: that asks for NVMe offload is then refused with this reason. The service fills it in.
     nvme_unavailable: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
+    #: Why QLoRA cannot run on this box (no bitsandbytes, or no CUDA for its 4-bit kernels); a
+    #: QLoRA spec is then refused with this reason. The service fills it in.
+    qlora_unavailable: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
 
 
 class EvalSpec(_Strict):

@@ -65,11 +65,13 @@ def print_problem(exc: ApiProblem, out: TextIO) -> None:
     for err in exc.errors:
         row = f" (row {err['row']})" if err.get("row") is not None else ""
         print(f"  {err.get('field')}: {err.get('message')}{row}", file=out)
-    alternatives = body.get("alternatives") or []
+    alternatives = body.get("alternatives")
     if alternatives:
         print("alternatives the planner suggests:", file=out)
         for alt in alternatives:
             print("  " + _alternative(alt), file=out)
+    elif alternatives is not None:
+        print("alternatives: none, no configuration of this box fits the job", file=out)
 
 
 def _alternative(alt: dict[str, Any]) -> str:

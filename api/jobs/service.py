@@ -36,7 +36,7 @@ from api.jobs.schemas import (
     Progress,
 )
 from api.paths import confine
-from api.plans.service import check_storable, hardware_for, make_plan, resolve_model
+from api.plans.service import check_storable, hardware_for, make_plan, refusal, resolve_model
 from planner import Plan
 from planner.spec import JobSpec
 from store.base import utcnow
@@ -197,13 +197,41 @@ def _check_nvme_paths(plan_json: dict[str, Any], spec: JobSpec, settings: Settin
         confine(str(block.get("nvme_path") or ""), roots, field)
 
 
+GIB = 1024**3
+
+
+def _gib(n: object) -> str:
+    return f"{int(n) / GIB:.1f} GiB" if isinstance(n, int | float) else "? GiB"
+
+
 def _refuse_unfit(plan: Plan) -> None:
+    """A job the plan says does not fit: the sizes in GiB and the fixes that fit, as the plan has them."""
     body = plan.model_dump(mode="json")
-    per_gpu, host = body.get("per_gpu", {}), body.get("host", {})
-    detail = (f"the job does not fit: needs {per_gpu.get('required_bytes')} bytes per GPU and "
-              f"{host.get('total_bytes')} bytes of host memory (margin {body.get('margin_bytes')} bytes)")
-    raise PlanDoesNotFit(detail, errors=[FieldError("resources", "the planned memory exceeds the box")],
-                         plan=body, alternatives=body.get("alternatives", []))
+    per_gpu, host = body["per_gpu"], body["host"]
+    alternatives = body.get("alternatives", [])
+    over = []
+    if body["margin_bytes"] < 0:
+        over.append(FieldError("resources", f"needs {_gib(per_gpu['required_bytes'])} per GPU, "
+                               f"{_gib(per_gpu['required_bytes'] + body['margin_bytes'])} usable"))
+    if not host["fits"]:
+        over.append(FieldError("resources.offload_optimizer", f"needs {_gib(host['total_bytes'])} of host "
+                               f"RAM of {_gib(host['capacity_bytes'])}"))
+    if not body["nvme"]["fits"]:
+        over.append(FieldError("resources.offload_param", f"needs {_gib(body['nvme']['total_bytes'])} of "
+                               f"NVMe of {_gib(body['nvme']['capacity_bytes'])}"))
+    if not over:
+        over.append(FieldError("resources", "the planned memory exceeds the box"))
+    fixes = "; ".join(f"{a['changes']} ({a['reason']})" for a in alternatives[:3])
+    detail = ("the job does not fit: " + "; ".join(e["message"] for e in over)
+              + (f". What fits: {fixes}" if fixes else ". No configuration of this box fits it"))
+    raise PlanDoesNotFit(detail, errors=over, plan=body, alternatives=alternatives)
+
+
+def _refuse_beyond_context(plan: Plan) -> None:
+    """A job past its model's trained context is refused for that, before its memory is judged."""
+    for note in plan.warnings:
+        if note.code == "seq_len_beyond_context":
+            raise refusal(note.code, note.field or "training.seq_len", note.message)
 
 
 def leased_gpu_bytes(plan_json: dict[str, Any], spec: JobSpec) -> int:
@@ -233,6 +261,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     spec, dataset_id = _resolve_dataset(session, spec, settings, user)
     spec = _box_nvme_folder(spec, settings)
     plan = make_plan(spec, hardware_for(spec, session, settings))
+    _refuse_beyond_context(plan)
     if not plan.fits:
         _refuse_unfit(plan)
     _check_gpu_limit(user, settings, plan.num_gpus)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import TYPE_CHECKING, Any
 
-from api.errors import InvalidInput, ServiceUnavailable
+from api.errors import PLAN_REFUSALS, FieldError, InvalidInput, ServiceUnavailable
 from api.paths import confine
 from planner.spec import HardwareSpec, JobSpec
 
@@ -48,9 +49,13 @@ def hardware_for(spec: JobSpec, session: Session, settings: Settings) -> Hardwar
     from worker.gpus import NoGpuError, box_hardware
 
     try:
-        return box_hardware(session, settings)
+        hardware = box_hardware(session, settings)
     except NoGpuError as exc:
         raise ServiceUnavailable(str(exc), errors=[{"field": "hardware", "message": str(exc)}]) from exc
+    if hardware.qlora_unavailable is None and importlib.util.find_spec("bitsandbytes") is None:
+        # QLoRA's 4-bit layers come from bitsandbytes; found without importing it (no torch here)
+        hardware = hardware.model_copy(update={"qlora_unavailable": "bitsandbytes is not installed"})
+    return hardware
 
 
 def make_plan(spec: JobSpec, hardware: HardwareSpec) -> Plan:
@@ -59,7 +64,13 @@ def make_plan(spec: JobSpec, hardware: HardwareSpec) -> Plan:
     try:
         return plan(spec, hardware=hardware)
     except PlanError as exc:
-        raise InvalidInput.for_field(exc.field, exc.message) from exc
+        raise refusal(exc.code, exc.field, exc.message) from exc
+
+
+def refusal(code: str, field: str, message: str) -> InvalidInput:
+    """A planner refusal as problem+json: its own problem type where it has one, the field named."""
+    cls = PLAN_REFUSALS.get(code, InvalidInput)
+    return cls(f"{field}: {message}", errors=[FieldError(field, message, code=code)])
 
 
 def resolve_model(spec: JobSpec, settings: Settings, *, required: bool) -> JobSpec:

@@ -107,3 +107,48 @@ def test_hardware_in_spec_overrides_the_box(env: Env) -> None:
     tiny = {**BOX, "gpu_memory_bytes": 2**28}
     res = env.client.post("/v1/jobs", json=job_spec(hardware=tiny), headers=env.auth())
     assert res.status_code == 422 and res.json()["type"].endswith("/plan-does-not-fit")
+
+
+def test_refusal_lists_fixes_that_fit_with_sizes_in_gib(env: Env) -> None:
+    """A LoRA job pinned to a configuration that overflows a 6 GiB card: the 422 carries the
+    plan's alternatives, every one fitting, and each message gives its sizes in GiB."""
+    small_card = {**BOX, "gpu_memory_bytes": 6 * 2**30}
+    spec = job_spec(hardware=small_card,
+                    training={"max_steps": 10, "seq_len": 4096, "micro_batch_size": 8,
+                              "gradient_accumulation_steps": 1, "gradient_checkpointing": False},
+                    resources={"num_gpus": 1, "zero_stage": 0})
+    res = env.client.post("/v1/jobs", json=spec, headers=env.auth())
+    assert res.status_code == 422, res.text
+    body = res.json()
+    assert body["type"].endswith("/plan-does-not-fit") and body["errors"][0]["field"] == "resources"
+    assert "GiB" in body["detail"] and "bytes" not in body["detail"]
+    assert all("GiB" in e["message"] for e in body["errors"])
+    alternatives = body["alternatives"]
+    assert alternatives and alternatives == body["plan"]["alternatives"]
+    usable = body["plan"]["per_gpu"]["capacity_bytes"] * 0.97
+    assert all(a["fits"] and a["per_gpu_required_bytes"] <= usable for a in alternatives)
+    assert all(a["changes"] and "GiB" in a["reason"] for a in alternatives)
+    assert env.count(Job) == 0
+
+
+@pytest.mark.parametrize(("patch", "slug", "field"), [
+    ({"resources": {"num_gpus": 8}}, "num-gpus-exceeds-box", "resources.num_gpus"),
+    ({"training": {"max_steps": 1, "seq_len": 65536}}, "seq-len-beyond-context", "training.seq_len"),
+])
+def test_what_the_box_cannot_run_is_refused_for_its_own_reason(
+        env: Env, patch: dict, slug: str, field: str) -> None:
+    res = env.client.post("/v1/jobs", json=job_spec(**patch), headers=env.auth())
+    assert res.status_code == 422, res.text
+    body = res.json()
+    assert body["type"].endswith("/" + slug), body
+    assert body["errors"][0]["field"] == field and "bytes" not in body["detail"]
+    assert env.count(Job) == 0 and env.enqueued.calls == []
+
+
+def test_qlora_is_refused_where_the_box_cannot_run_it(env: Env) -> None:
+    spec = job_spec(method="qlora", hardware={**BOX, "qlora_unavailable": "bitsandbytes is not installed"})
+    res = env.client.post("/v1/jobs", json=spec, headers=env.auth())
+    assert res.status_code == 422, res.text
+    body = res.json()
+    assert body["type"].endswith("/method-unavailable") and body["errors"][0]["field"] == "method"
+    assert "bitsandbytes" in body["detail"]
