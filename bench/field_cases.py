@@ -100,6 +100,9 @@ def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
 
 
 PINNED = ("num_gpus", "zero_stage", "offload_optimizer", "offload_param")
+ZERO_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+              "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+              "sub_group_size", "overlap_comm", "contiguous_gradients")
 
 
 def boxes(report: dict[str, Any], phase: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +135,9 @@ def replan(job: dict[str, Any], box: dict[str, Any], where: Path) -> Any:
     resolved = job["plan"]["resolved"]
     spec = dict(job["spec"])
     spec["model"] = {"path": str(model_folder(spec["model"]["config"], where))}
-    spec["resources"] = {**spec["resources"], **{k: resolved[k] for k in PINNED}}
+    zero = (job["plan"].get("deepspeed_config") or {}).get("zero_optimization") or {}
+    knobs = {k: v for k, v in zero.items() if k in ZERO_KNOBS}  # as the job ran them, not as chosen today
+    spec["resources"] = {**spec["resources"], **{k: resolved[k] for k in PINNED}, "deepspeed": knobs}
     spec["training"] = {**spec["training"], "micro_batch_size": resolved["micro_batch_size"],
                         "gradient_accumulation_steps": resolved["gradient_accumulation_steps"],
                         "gradient_checkpointing": resolved["gradient_checkpointing"]}
@@ -188,7 +193,8 @@ def _plan_summary(plan: dict[str, Any] | None) -> dict[str, Any] | None:
             "host_total_bytes": (plan.get("host") or {}).get("total_bytes"),
             "estimated_step_seconds": plan.get("estimated_step_seconds"),
             "estimated_tokens_per_second": plan.get("estimated_tokens_per_second"),
-            "replanned_after_oom": plan.get("replanned_after_oom")}
+            "replanned_after_oom": plan.get("replanned_after_oom"),
+            "deepspeed_config": plan.get("deepspeed_config")}
 
 
 def _max(lines: list[dict[str, Any]], key: str) -> int | None:
