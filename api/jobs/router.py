@@ -11,6 +11,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.auth.access import may_read
 from api.auth.service import Principal
 from api.deps import (
     AdminUser,
@@ -102,7 +103,7 @@ def _submit(session: Session, settings: Settings, user: Principal, spec: JobCrea
 
 @router.get("", summary="List jobs, newest first")
 def list_jobs(
-    session: SessionDep, user: CurrentUser,
+    session: SessionDep, user: CurrentUser, settings: SettingsDep,
     status: Annotated[list[JobStatus], Query(description="Repeat to match several.")] = [],  # noqa: B006
     owner: Annotated[str | None, Query(pattern=r"^[^\x00-\x1f]{1,100}$",
                                        description="A user name, or `me`.")] = None,
@@ -110,7 +111,8 @@ def list_jobs(
                                        description="`next_after` of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobList:
-    return service.list_jobs(session, user, statuses=status, owner=owner, after=after, limit=limit)
+    return service.list_jobs(session, user, statuses=status, owner=owner, after=after, limit=limit,
+                             settings=settings)
 
 
 # one job with its owner's name, as plain columns: a Core row is all that JobRead needs
@@ -119,9 +121,9 @@ _JOB_WITH_OWNER = (select(*Job.__table__.c, User.name.label("owner_name"))
 
 
 @router.get("/{job_id}", summary="One job", responses=_PROBLEMS)
-async def get_job(job_id: JobId, request: Request, _user: Reader) -> JobRead:
+async def get_job(job_id: JobId, request: Request, user: Reader) -> JobRead:
     row = await first_row(request, _JOB_WITH_OWNER, {"job_id": job_id})
-    if row is None:
+    if row is None or not may_read(user, row.owner_id, request.app.state.settings):
         raise service.job_not_found(job_id)
     return service.job_read(row, row.owner_name)
 
