@@ -56,7 +56,8 @@ class Client:
         try:
             res = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach {self.url}: {exc}") from exc
+            raise ClientError(f"cannot reach {self.url} ({exc}): is `tunebox serve` running there? "
+                              "TUNEBOX_URL names the server") from exc
         if res.status_code >= 400:
             raise ApiProblem(res.status_code, _problem_body(res))
         return res.json() if res.content else None

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 from tunebox.settings import Settings, get_settings
 
@@ -56,16 +55,39 @@ def run_worker(concurrency: int | None = None, queues: Sequence[str] = ("gpu",))
 # --------------------------------------------------------------------------- serve
 
 
-def upgrade_database(settings: Settings) -> None:
-    """``alembic upgrade head`` on the configured database."""
-    from alembic import command
-    from alembic.config import Config
+class DatabaseNotReady(RuntimeError):
+    """The database cannot be used as it is; the message says the one command that fixes it."""
+
+
+def shown_url(url: str) -> str:
+    """``url`` without its password, for messages."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def ensure_database(settings: Settings) -> None:
+    """Make the database usable by this version: the embedded SQLite file is created and migrated;
+    any other database must already be migrated (:class:`DatabaseNotReady` says how)."""
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.exc import SQLAlchemyError
 
     import migrations
 
-    config = Config(str(Path(migrations.__file__).parent / "alembic.ini"))
-    config.set_main_option("sqlalchemy.url", settings.resolved_database_url.replace("%", "%%"))
-    command.upgrade(config, "head")
+    url = settings.resolved_database_url
+    try:
+        if url.startswith("sqlite"):
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+            migrations.upgrade(url)
+            return
+        at = migrations.current(url)
+    except (SQLAlchemyError, OSError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise DatabaseNotReady(f"cannot open the database at {shown_url(url)}: {reason}") from exc
+    head = ScriptDirectory.from_config(migrations.alembic_config(url)).get_current_head()
+    if at != head:
+        raise DatabaseNotReady(f"the database at {shown_url(url)} is at revision {at or 'none (empty)'}, "
+                               f"this tunebox needs {head}: run `tunebox db upgrade`")
 
 
 def wants_embedded_worker(settings: Settings) -> bool:
@@ -128,8 +150,7 @@ def run_serve(host: str = "127.0.0.1", port: int = 8000) -> int:
 
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    if settings.resolved_database_url.startswith("sqlite"):
-        upgrade_database(settings)
+    ensure_database(settings)
     worker = EmbeddedWorker(settings) if wants_embedded_worker(settings) else None
     if worker is not None:
         worker.start()

@@ -162,3 +162,10 @@ def test_settings_markdown_lists_every_setting(capsys: pytest.CaptureFixture[str
     for name in Settings.model_fields:
         assert f"`TUNEBOX_{name.upper()}`" in out
     assert "| --- |" in out
+
+
+def test_the_readme_settings_table_is_what_the_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["settings", "--markdown"]) == 0
+    table = capsys.readouterr().out.strip()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert table in readme, "regenerate the README's table with `tunebox settings --markdown`"
