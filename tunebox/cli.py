@@ -244,6 +244,13 @@ def watch(client: Client, job_id: str, *, interval: float, out: TextIO,
         sleep(interval)
 
 
+def cmd_logs(args: argparse.Namespace, client: Client) -> int:
+    for text in client.logs(args.id, tail=args.tail, follow=args.follow):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return 0
+
+
 def cmd_watch(args: argparse.Namespace, client: Client) -> int:
     return watch(client, args.id, interval=args.interval, out=sys.stdout)
 
@@ -426,6 +433,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id")
     p.add_argument("--interval", type=float, default=2.0)
     p.set_defaults(client_command=cmd_watch)
+
+    p = sub.add_parser("logs", help="a job's training log")
+    p.add_argument("id")
+    p.add_argument("-n", "--tail", type=int, help="only the last N lines")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.set_defaults(client_command=cmd_logs)
 
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("id")

@@ -6,7 +6,7 @@ from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -24,7 +24,7 @@ from api.deps import (
     first_row,
 )
 from api.errors import ApiError, FieldError, InvalidInput, TooManyRequests, retry_after_header
-from api.jobs import idempotency, service
+from api.jobs import idempotency, logs, service
 from api.jobs.deps import JobId, ValidJob
 from api.jobs.schemas import (
     CheckpointList,
@@ -179,3 +179,19 @@ def job_metrics(
 @router.get("/{job_id}/checkpoints", summary="Checkpoints of a job")
 def job_checkpoints(session: SessionDep, ref: ValidJob) -> CheckpointList:
     return service.list_checkpoints(session, ref.job.id)
+
+
+@router.get("/{job_id}/logs", summary="The training log (text); `tail` lines, `follow` as it grows",
+            response_class=PlainTextResponse, responses=_PROBLEMS)
+async def job_logs(
+    request: Request, ref: ValidJob,
+    tail: Annotated[int | None, Query(ge=0, le=10**7, description="Only the last N lines.")] = None,
+    follow: Annotated[bool, Query(description="Keep sending what is written until the job ends.")] = False,
+) -> StreamingResponse:
+    sessions = request.app.state.read_sessions
+    log = await run_in_threadpool(logs.open_log, sessions, ref.job.id, ref.job.job_dir, tail)
+    text = logs.log_text(sessions, ref.job.id, log, follow=follow, disconnected=request.is_disconnected,
+                         poll_s=request.app.state.stream_timing.poll_s)
+    return StreamingResponse(text, media_type="text/plain; charset=utf-8",
+                             headers={"X-Log-Source": log.source, "Cache-Control": "no-cache",
+                                      "X-Accel-Buffering": "no"})

@@ -353,6 +353,20 @@ def job_status(session: Session, job_id: str) -> JobStatus | None:
     return JobStatus(status) if status is not None else None
 
 
+_PROGRESS_COLUMNS = (Job.status, Job.step, Job.total_steps, Job.epoch, Job.loss, Job.learning_rate,
+                     Job.tokens_per_second, Job.samples_per_second, Job.eta_seconds,
+                     Job.measured_peak_gpu_bytes, Job.measured_host_rss_bytes, Job.host_cpu_percent,
+                     Job.progress_at)
+
+
+def job_status_and_progress(session: Session, job_id: str) -> tuple[JobStatus | None, Progress | None]:
+    """The job's state and its latest progress (None before the first step is recorded)."""
+    row = session.execute(select(*_PROGRESS_COLUMNS).where(Job.id == job_id)).first()
+    if row is None:
+        return None, None
+    return JobStatus(row.status), _progress(row) if row.progress_at is not None else None
+
+
 def metric_series(session: Session, job_id: str, kind: MetricKind, after_step: int | None,
                   limit: int) -> MetricSeries:
     query = (select(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.kind == kind)

@@ -42,6 +42,7 @@ def _finished_job_with_details(env: Env) -> str:
 def _job_routes(job_id: str) -> list[tuple[str, dict[str, str]]]:
     base = f"/v1/jobs/{job_id}"
     return [(base, {}), (f"{base}/events", {}), (f"{base}/events", SSE), (f"{base}/metrics", {}),
+            (f"{base}/logs", {}), (f"{base}/logs?follow=true", {}),
             (f"{base}/metrics?kind=eval", {}), (f"{base}/checkpoints", {})]
 
 
