@@ -14,7 +14,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 from tunebox.settings import Settings, get_settings
 
@@ -95,13 +98,28 @@ def wants_embedded_worker(settings: Settings) -> bool:
 
 
 class EmbeddedWorker:
-    """The worker subprocess beside the API: restarted if it dies, stopped with the server."""
+    """The worker subprocess beside the API: restarted if it dies, stopped with the server.
 
-    def __init__(self, settings: Settings) -> None:
+    A worker that keeps dying (``CRASH_LIMIT`` exits, none of them after a run of
+    ``HEALTHY_AFTER_S``) is restarted ever more slowly, and :meth:`problem` says why, with the
+    last line it wrote on standard error: ``/readyz`` reports it and the API refuses new jobs,
+    which would otherwise wait in the queue with nothing to run them.
+    """
+
+    CRASH_LIMIT = 3
+    HEALTHY_AFTER_S = 30.0
+    MAX_BACKOFF_S = 60.0
+
+    def __init__(self, settings: Settings, argv: Sequence[str] | None = None) -> None:
         self.settings = settings
+        self.argv = list(argv or [sys.executable, "-m", "tunebox.serve", "worker"])
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="embedded-worker", daemon=True)
+        self._crashes = 0  # exits in a row, each soon after its start
+        self._started_at = 0.0
+        self._last_exit: int | None = None
+        self._last_error = ""
 
     def start(self) -> None:
         self._spawn()
@@ -109,15 +127,47 @@ class EmbeddedWorker:
 
     def _spawn(self) -> None:
         # its own session: a Ctrl-C at the terminal reaches the server, which stops the worker in order
-        self.proc = subprocess.Popen([sys.executable, "-m", "tunebox.serve", "worker"],
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(self.argv, start_new_session=True, stderr=subprocess.PIPE)
+        self._started_at = time.monotonic()
+        threading.Thread(target=self._relay_stderr, args=(self.proc,), name="embedded-worker-stderr",
+                         daemon=True).start()
         log.info("embedded worker started (pid %s)", self.proc.pid)
 
+    def _relay_stderr(self, proc: subprocess.Popen[bytes]) -> None:
+        """Pass the worker's standard error through, keeping its last line for :meth:`problem`."""
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.buffer.write(raw)
+                sys.stderr.buffer.flush()
+            if line := raw.decode("utf-8", "replace").strip():
+                self._last_error = line[:300]
+
     def _watch(self) -> None:
-        while not self.stopping.wait(2.0):
-            if self.proc is not None and self.proc.poll() is not None and not self.stopping.is_set():
-                log.error("embedded worker exited with %s; starting it again", self.proc.returncode)
-                self._spawn()
+        while not self.stopping.wait(1.0):
+            proc = self.proc
+            if proc is None or proc.poll() is None or self.stopping.is_set():
+                if proc is not None and time.monotonic() - self._started_at >= self.HEALTHY_AFTER_S:
+                    self._crashes = 0  # it has run long enough: it was started fine
+                continue
+            self._last_exit = proc.returncode
+            ran_s = time.monotonic() - self._started_at
+            self._crashes = self._crashes + 1 if ran_s < self.HEALTHY_AFTER_S else 1
+            delay = min(self.MAX_BACKOFF_S, 2.0 ** (self._crashes - 1)) if self._crashes > 1 else 0.0
+            log.error("embedded worker exited with %s after %.0f s; starting it again in %.0f s",
+                      proc.returncode, ran_s, delay)
+            if self.stopping.wait(delay):
+                return
+            self._spawn()
+
+    def problem(self) -> str | None:
+        """Why the embedded worker cannot run jobs, while it keeps dying; None while it is fine."""
+        if self._crashes < self.CRASH_LIMIT:
+            return None
+        said = f": {self._last_error}" if self._last_error else ""
+        return (f"the embedded worker exited {self._crashes} times in a row within "
+                f"{self.HEALTHY_AFTER_S:.0f} s of starting (last exit status {self._last_exit}{said}); "
+                "no job can run until it starts: see the server's log")
 
     def stop(self) -> None:
         self.stopping.set()
@@ -144,6 +194,12 @@ class EmbeddedWorker:
             launcher.terminate_pgid(group.pgid, self.settings.cancel_grace_s)
 
 
+def _app(worker_problem: Callable[[], str | None] | None) -> Any:
+    from api.app import create_app
+
+    return create_app(worker_problem=worker_problem)
+
+
 def run_serve(host: str = "127.0.0.1", port: int = 8000) -> int:
     """Serve the API (and, in the embedded mode, one worker) until SIGINT/SIGTERM."""
     import uvicorn
@@ -160,7 +216,8 @@ def run_serve(host: str = "127.0.0.1", port: int = 8000) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: stop_signals.append(signum))
     try:
-        uvicorn.run("api.app:create_app", factory=True, host=host, port=port, log_level="info")
+        problem = worker.problem if worker is not None else None
+        uvicorn.run(partial(_app, problem), factory=True, host=host, port=port, log_level="info")
     finally:
         if worker is not None:
             worker.stop()

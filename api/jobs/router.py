@@ -23,7 +23,14 @@ from api.deps import (
     finish_now,
     first_row,
 )
-from api.errors import ApiError, FieldError, InvalidInput, TooManyRequests, retry_after_header
+from api.errors import (
+    ApiError,
+    FieldError,
+    InvalidInput,
+    ServiceUnavailable,
+    TooManyRequests,
+    retry_after_header,
+)
 from api.jobs import idempotency, logs, service
 from api.jobs.deps import JobId, ValidJob
 from api.jobs.schemas import (
@@ -51,7 +58,10 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
 
 
 async def submit_allowance(request: Request, user: CurrentUser) -> Principal:
-    """The per-token submission rate (token bucket): 429 with Retry-After when spent."""
+    """The per-token submission rate (token bucket): 429 with Retry-After when spent; 503 while the
+    embedded worker cannot run jobs (they would wait in the queue for nothing)."""
+    if (problem := request.app.state.worker_problem()) is not None:
+        raise ServiceUnavailable(problem, errors=[FieldError("worker", problem)])
     wait = request.app.state.submit_buckets.take(user.token_id)
     if wait > 0:
         raise TooManyRequests(f"more than {request.app.state.settings.submit_rate_per_minute} submissions "

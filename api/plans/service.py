@@ -50,7 +50,9 @@ def hardware_for(spec: JobSpec, session: Session, settings: Settings) -> Hardwar
     try:
         return box_hardware(session, settings)
     except NoGpuError as exc:
-        raise ServiceUnavailable(str(exc), errors=[{"field": "hardware", "message": str(exc)}]) from exc
+        message = (f"{exc}: for example TUNEBOX_GPU_COUNT=1 TUNEBOX_GPU_MEMORY_BYTES={16 * 2**30} (16 GiB), "
+                   "then restart the server")
+        raise ServiceUnavailable(message, errors=[{"field": "hardware", "message": message}]) from exc
 
 
 def make_plan(spec: JobSpec, hardware: HardwareSpec) -> Plan:
