@@ -245,9 +245,13 @@ def watch(client: Client, job_id: str, *, interval: float, out: TextIO,
 
 
 def cmd_logs(args: argparse.Namespace, client: Client) -> int:
+    last = "\n"
     for text in client.logs(args.id, tail=args.tail, follow=args.follow):
         sys.stdout.write(text)
         sys.stdout.flush()
+        last = text[-1:] or last
+    if last != "\n":
+        print()  # a log cut mid-line (the run died) still ends the terminal's line
     return 0
 
 

@@ -353,10 +353,10 @@ def job_status(session: Session, job_id: str) -> JobStatus | None:
     return JobStatus(status) if status is not None else None
 
 
-_PROGRESS_COLUMNS = (Job.status, Job.step, Job.total_steps, Job.epoch, Job.loss, Job.learning_rate,
-                     Job.tokens_per_second, Job.samples_per_second, Job.eta_seconds,
-                     Job.measured_peak_gpu_bytes, Job.measured_host_rss_bytes, Job.host_cpu_percent,
-                     Job.progress_at)
+_PROGRESS_COLUMNS: tuple[Any, ...] = (
+    Job.status, Job.step, Job.total_steps, Job.epoch, Job.loss, Job.learning_rate, Job.tokens_per_second,
+    Job.samples_per_second, Job.eta_seconds, Job.measured_peak_gpu_bytes, Job.measured_host_rss_bytes,
+    Job.host_cpu_percent, Job.progress_at)
 
 
 def job_status_and_progress(session: Session, job_id: str) -> tuple[JobStatus | None, Progress | None]:

@@ -187,5 +187,8 @@ def test_logs_prints_the_whole_log_or_its_tail(server: Env, tmp_path: Path,
     assert out.startswith("line 0\n") and out.endswith("line 299\n") and out.count("\n") == 300
     assert main(["logs", job["id"], "-n", "2", "-f"]) == 0  # the job has ended: follow stops at once
     assert capsys.readouterr().out == "line 298\nline 299\n"
+    (folder / "train.log").write_text("cut mid-line")
+    assert main(["logs", job["id"]]) == 0
+    assert capsys.readouterr().out == "cut mid-line\n"
     assert main(["logs", "job_nosuchjob"]) == 1
     assert "error 404" in capsys.readouterr().err
