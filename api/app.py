@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -44,8 +44,11 @@ def create_app(
     enqueue: Enqueue | None = None,
     token_cache_ttl_s: float = TOKEN_CACHE_TTL_S,
     stream_timing: StreamTiming | None = None,
+    worker_problem: Callable[[], str | None] | None = None,
 ) -> FastAPI:
-    """Build the API. ``enqueue`` replaces :func:`worker.dispatch.enqueue_job` (tests)."""
+    """Build the API. ``enqueue`` replaces :func:`worker.dispatch.enqueue_job` (tests);
+    ``worker_problem`` says why the worker that ``tunebox serve`` runs beside it cannot run jobs
+    (None while it can): readiness reports it and new jobs are refused."""
     settings = settings or get_settings()
     if enqueue is None:
         from worker.dispatch import enqueue_job
@@ -77,6 +80,7 @@ def create_app(
     state.sessions = db.sessions
     state.read_sessions = db.reads
     state.enqueue = enqueue
+    state.worker_problem = worker_problem or (lambda: None)
     state.token_cache = TokenCache(token_cache_ttl_s)
     state.submit_buckets = TokenBuckets(settings.submit_rate_per_minute)
     state.stream_timing = stream_timing or StreamTiming()

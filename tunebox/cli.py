@@ -20,6 +20,10 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 GiB = 2**30
 
 
+class CliError(Exception):
+    """A problem the user can fix, said in one line (``main`` prints it and exits 1)."""
+
+
 # --------------------------------------------------------------------------- formatting
 
 
@@ -59,9 +63,13 @@ def progress_line(job: dict[str, Any], width: int = 24) -> str:
             f"{_num(p.get('tokens_per_second'), ',.0f')} tok/s | ETA {fmt_duration(p.get('eta_seconds'))}")
 
 
+TOKEN_HINT = "set TUNEBOX_TOKEN to a token from `tunebox token create NAME`"
+
+
 def print_problem(exc: ApiProblem, out: TextIO) -> None:
     body = exc.problem
-    print(f"error {exc.status}: {body.get('title', '')}: {body.get('detail', '')}", file=out)
+    hint = f" ({TOKEN_HINT})" if exc.status == 401 else ""
+    print(f"error {exc.status}: {body.get('title', '')}: {body.get('detail', '')}{hint}", file=out)
     for err in exc.errors:
         row = f" (row {err['row']})" if err.get("row") is not None else ""
         print(f"  {err.get('field')}: {err.get('message')}{row}", file=out)
@@ -82,7 +90,7 @@ def _alternative(alt: dict[str, Any]) -> str:
             + (f" ({alt['reason']})" if alt.get("reason") else ""))
 
 
-def print_plan(plan: dict[str, Any], out: TextIO) -> None:
+def _print_fits_and_setup(plan: dict[str, Any], out: TextIO) -> None:
     r, g, h = plan["resolved"], plan["per_gpu"], plan["host"]
     verdict = "yes" if plan["fits"] else "NO"
     print(f"fits: {verdict} (margin {fmt_bytes(plan['margin_bytes'])}) on {plan['num_gpus']} GPU(s) of "
@@ -91,34 +99,81 @@ def print_plan(plan: dict[str, Any], out: TextIO) -> None:
           f"param={r['offload_param']}, micro batch {r['micro_batch_size']} x accumulation "
           f"{r['gradient_accumulation_steps']}, seq_len {r['seq_len']}, checkpointing "
           f"{'on' if r['gradient_checkpointing'] else 'off'}, {r['precision']}", file=out)
-    terms = ["weights", "gradients", "optimizer_states", "activations", "logits", "zero_buffers",
-             "gathered_parameters", "cuda_context", "allocator_slack"]
-    parts = ", ".join(f"{t.replace('_', ' ')} {fmt_bytes(g.get(t + '_bytes'))}" for t in terms)
-    print(f"per GPU: {parts}", file=out)
+
+
+def _print_peak_and_speed(plan: dict[str, Any], out: TextIO) -> None:
+    g, h = plan["per_gpu"], plan["host"]
     print(f"  peak ({g['peak_phase']}): {fmt_bytes(g['total_bytes'])} of {fmt_bytes(g['capacity_bytes'])}",
           file=out)
     print(f"host: {fmt_bytes(h['total_bytes'])} of {fmt_bytes(h['capacity_bytes'])}", file=out)
     print(f"speed: {plan['estimated_step_seconds']:.2f} s/step, "
           f"{plan['estimated_tokens_per_second']:,.0f} tokens/s, "
           f"duration {fmt_duration(plan.get('estimated_duration_seconds'))}", file=out)
-    for title, notes in (("warnings", plan.get("warnings")), ("advice", plan.get("advice"))):
-        for note in notes or []:
-            print(f"{title[:-1] if title == 'warnings' else title}: {note['message']}", file=out)
+
+
+def _print_warnings(plan: dict[str, Any], out: TextIO) -> None:
+    for note in plan.get("warnings") or []:
+        print(f"warning: {note['message']}", file=out)
+
+
+def print_plan(plan: dict[str, Any], out: TextIO) -> None:
+    g = plan["per_gpu"]
+    _print_fits_and_setup(plan, out)
+    terms = ["weights", "gradients", "optimizer_states", "activations", "logits", "zero_buffers",
+             "gathered_parameters", "cuda_context", "allocator_slack"]
+    parts = ", ".join(f"{t.replace('_', ' ')} {fmt_bytes(g.get(t + '_bytes'))}" for t in terms)
+    print(f"per GPU: {parts}", file=out)
+    _print_peak_and_speed(plan, out)
+    _print_warnings(plan, out)
+    for note in plan.get("advice") or []:
+        print(f"advice: {note['message']}", file=out)
     for alt in plan.get("alternatives") or []:
         print("alternative: " + _alternative(alt), file=out)
 
 
+def print_plan_summary(plan: dict[str, Any], out: TextIO) -> None:
+    """What a submitted job was accepted with: fits, setup, peak, speed and every warning."""
+    _print_fits_and_setup(plan, out)
+    _print_peak_and_speed(plan, out)
+    _print_warnings(plan, out)
+
+
 # --------------------------------------------------------------------------- spec files
+
+
+def _read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CliError(f"{path}: is a folder, not a spec file") from None
+    except PermissionError:
+        raise CliError(f"{path}: not readable (permission denied)") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _yaml_error(path: str, exc: Exception) -> CliError:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return CliError(f"{path}: not valid YAML or JSON: {where}{problem}")
 
 
 def load_spec(path: str) -> dict[str, Any]:
     """A spec from a YAML or JSON file (``-`` reads standard input)."""
     import yaml
 
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    data = yaml.safe_load(text)  # YAML is a superset of JSON
+    text = _read_text(path)
+    try:
+        data = yaml.safe_load(text)  # YAML is a superset of JSON
+    except yaml.YAMLError as exc:
+        raise _yaml_error(path, exc) from None
     if not isinstance(data, dict):
-        raise SystemExit(f"{path}: a job spec is a mapping (YAML or JSON object)")
+        raise CliError(f"{path}: a job spec is a mapping (YAML or JSON object)")
     return data
 
 
@@ -127,7 +182,9 @@ def load_spec(path: str) -> dict[str, Any]:
 
 def cmd_submit(args: argparse.Namespace, client: Client) -> int:
     job = client.submit(load_spec(args.spec), idempotency_key=args.idempotency_key)
-    print(job["id"])
+    print(job["id"], flush=True)  # alone on standard output, for scripts; the plan goes to stderr
+    if job.get("plan"):
+        print_plan_summary(job["plan"], sys.stderr)
     return 0
 
 
@@ -189,6 +246,17 @@ def watch(client: Client, job_id: str, *, interval: float, out: TextIO,
         sleep(interval)
 
 
+def cmd_logs(args: argparse.Namespace, client: Client) -> int:
+    last = "\n"
+    for text in client.logs(args.id, tail=args.tail, follow=args.follow):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        last = text[-1:] or last
+    if last != "\n":
+        print()  # a log cut mid-line (the run died) still ends the terminal's line
+    return 0
+
+
 def cmd_watch(args: argparse.Namespace, client: Client) -> int:
     return watch(client, args.id, interval=args.interval, out=sys.stdout)
 
@@ -202,7 +270,7 @@ def _flag_hardware(args: argparse.Namespace) -> Any:
     if args.gpu_memory_gib is None and args.gpus is None:
         return None
     if args.gpu_memory_gib is None:
-        raise SystemExit("--gpus needs --gpu-memory-gib")
+        raise CliError("--gpus needs --gpu-memory-gib")
     host = args.host_memory_gib * GiB if args.host_memory_gib else _host_memory()
     return HardwareSpec(gpu_count=args.gpus or 1, gpu_memory_bytes=int(args.gpu_memory_gib * GiB),
                         host_memory_bytes=int(host))
@@ -222,7 +290,7 @@ def _local_hardware() -> Any:
     settings = Settings()
     gpus = [g for g in local_inventory(settings) if g.healthy]
     if not gpus:
-        raise SystemExit("no GPU found here: give spec.hardware, or --gpus N --gpu-memory-gib X")
+        raise CliError("no GPU found here: give spec.hardware, or --gpus N --gpu-memory-gib X")
     return HardwareSpec(gpu_count=len(gpus), gpu_memory_bytes=min(g.memory_total_bytes for g in gpus),
                         host_memory_bytes=settings.host_memory_bytes or _host_memory(),
                         nvme_bytes=settings.nvme_bytes,
@@ -257,7 +325,9 @@ def cmd_db(args: argparse.Namespace) -> int:
     import migrations
     from tunebox.settings import Settings
 
-    url = Settings().resolved_database_url
+    settings = Settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)  # the embedded SQLite file's folder
+    url = settings.resolved_database_url
     if args.db_command == "upgrade":
         migrations.upgrade(url, args.revision)
     elif args.db_command == "downgrade":
@@ -269,9 +339,12 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_token(args: argparse.Namespace) -> int:
     from api.auth.service import TokenNotFound, create_token, revoke_token
     from store.db import session_scope
+    from tunebox.serve import ensure_database
     from tunebox.settings import Settings
 
-    url = Settings().resolved_database_url
+    settings = Settings()
+    ensure_database(settings)  # a token before the first `serve` needs the database made
+    url = settings.resolved_database_url
     with session_scope(url) as session:
         if args.token_command == "create":
             issued = create_token(session, args.name, admin=True if args.admin else None)
@@ -367,6 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=2.0)
     p.set_defaults(client_command=cmd_watch)
 
+    p = sub.add_parser("logs", help="a job's training log")
+    p.add_argument("id")
+    p.add_argument("-n", "--tail", type=int, help="only the last N lines")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.set_defaults(client_command=cmd_logs)
+
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("id")
     p.set_defaults(client_command=cmd_cancel)
@@ -411,19 +490,51 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _run(args: argparse.Namespace) -> int:
     if hasattr(args, "local_command"):
         return int(args.local_command(args))
+    with Client() as client:
+        return int(args.client_command(args, client))
+
+
+def _database_error(exc: Exception) -> str:
+    reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    return f"error: the database failed: {reason} (is it migrated? `tunebox db upgrade`)"
+
+
+def _quiet_stdout() -> None:
+    """After the reader of a pipe left (``| head``): send what is still buffered nowhere."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from tunebox.serve import DatabaseNotReady
+
+    args = build_parser().parse_args(argv)
     try:
-        with Client() as client:
-            return int(args.client_command(args, client))
+        code = _run(args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows here, not at interpreter exit
+        return code
     except ApiProblem as exc:
         print_problem(exc, sys.stderr)
-        return 1
     except ClientError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except (CliError, DatabaseNotReady) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except SQLAlchemyError as exc:
+        print(_database_error(exc), file=sys.stderr)
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 0  # the reader has what it wanted
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    return 1
 
 
 if __name__ == "__main__":

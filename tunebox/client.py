@@ -56,7 +56,8 @@ class Client:
         try:
             res = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach {self.url}: {exc}") from exc
+            raise ClientError(f"cannot reach {self.url} ({exc}): is `tunebox serve` running there? "
+                              "TUNEBOX_URL names the server") from exc
         if res.status_code >= 400:
             raise ApiProblem(res.status_code, _problem_body(res))
         return res.json() if res.content else None
@@ -88,6 +89,21 @@ class Client:
     def events(self, job_id: str, *, after: int = 0, limit: int = 200) -> dict[str, Any]:
         params = {"after": after, "limit": limit}
         return dict(self._request("GET", f"/v1/jobs/{job_id}/events", params=params))
+
+    def logs(self, job_id: str, *, tail: int | None = None, follow: bool = False) -> Iterator[str]:
+        """The training log's text as it arrives; with ``follow``, until the job ends."""
+        params: dict[str, str | int] = {"follow": "true" if follow else "false"}
+        if tail is not None:
+            params["tail"] = tail
+        try:
+            with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params,
+                                   timeout=httpx.Timeout(30.0, read=None if follow else 30.0)) as res:
+                if res.status_code >= 400:
+                    res.read()
+                    raise ApiProblem(res.status_code, _problem_body(res))
+                yield from res.iter_text()
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot read the log from {self.url}: {exc}") from exc
 
     def stream_events(self, job_id: str, *, last_event_id: int | None = None) -> Iterator[dict[str, Any]]:
         """Events from the SSE stream as they happen; ends when the server ends the stream."""

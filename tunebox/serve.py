@@ -14,8 +14,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
-from pathlib import Path
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 from tunebox.settings import Settings, get_settings
 
@@ -56,16 +58,39 @@ def run_worker(concurrency: int | None = None, queues: Sequence[str] = ("gpu",))
 # --------------------------------------------------------------------------- serve
 
 
-def upgrade_database(settings: Settings) -> None:
-    """``alembic upgrade head`` on the configured database."""
-    from alembic import command
-    from alembic.config import Config
+class DatabaseNotReady(RuntimeError):
+    """The database cannot be used as it is; the message says the one command that fixes it."""
+
+
+def shown_url(url: str) -> str:
+    """``url`` without its password, for messages."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def ensure_database(settings: Settings) -> None:
+    """Make the database usable by this version: the embedded SQLite file is created and migrated;
+    any other database must already be migrated (:class:`DatabaseNotReady` says how)."""
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.exc import SQLAlchemyError
 
     import migrations
 
-    config = Config(str(Path(migrations.__file__).parent / "alembic.ini"))
-    config.set_main_option("sqlalchemy.url", settings.resolved_database_url.replace("%", "%%"))
-    command.upgrade(config, "head")
+    url = settings.resolved_database_url
+    try:
+        if url.startswith("sqlite"):
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+            migrations.upgrade(url)
+            return
+        at = migrations.current(url)
+    except (SQLAlchemyError, OSError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise DatabaseNotReady(f"cannot open the database at {shown_url(url)}: {reason}") from exc
+    head = ScriptDirectory.from_config(migrations.alembic_config(url)).get_current_head()
+    if at != head:
+        raise DatabaseNotReady(f"the database at {shown_url(url)} is at revision {at or 'none (empty)'}, "
+                               f"this tunebox needs {head}: run `tunebox db upgrade`")
 
 
 def wants_embedded_worker(settings: Settings) -> bool:
@@ -73,13 +98,28 @@ def wants_embedded_worker(settings: Settings) -> bool:
 
 
 class EmbeddedWorker:
-    """The worker subprocess beside the API: restarted if it dies, stopped with the server."""
+    """The worker subprocess beside the API: restarted if it dies, stopped with the server.
 
-    def __init__(self, settings: Settings) -> None:
+    A worker that keeps dying (``CRASH_LIMIT`` exits, none of them after a run of
+    ``HEALTHY_AFTER_S``) is restarted ever more slowly, and :meth:`problem` says why, with the
+    last line it wrote on standard error: ``/readyz`` reports it and the API refuses new jobs,
+    which would otherwise wait in the queue with nothing to run them.
+    """
+
+    CRASH_LIMIT = 3
+    HEALTHY_AFTER_S = 30.0
+    MAX_BACKOFF_S = 60.0
+
+    def __init__(self, settings: Settings, argv: Sequence[str] | None = None) -> None:
         self.settings = settings
+        self.argv = list(argv or [sys.executable, "-m", "tunebox.serve", "worker"])
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="embedded-worker", daemon=True)
+        self._crashes = 0  # exits in a row, each soon after its start
+        self._started_at = 0.0
+        self._last_exit: int | None = None
+        self._last_error = ""
 
     def start(self) -> None:
         self._spawn()
@@ -87,15 +127,47 @@ class EmbeddedWorker:
 
     def _spawn(self) -> None:
         # its own session: a Ctrl-C at the terminal reaches the server, which stops the worker in order
-        self.proc = subprocess.Popen([sys.executable, "-m", "tunebox.serve", "worker"],
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(self.argv, start_new_session=True, stderr=subprocess.PIPE)
+        self._started_at = time.monotonic()
+        threading.Thread(target=self._relay_stderr, args=(self.proc,), name="embedded-worker-stderr",
+                         daemon=True).start()
         log.info("embedded worker started (pid %s)", self.proc.pid)
 
+    def _relay_stderr(self, proc: subprocess.Popen[bytes]) -> None:
+        """Pass the worker's standard error through, keeping its last line for :meth:`problem`."""
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.buffer.write(raw)
+                sys.stderr.buffer.flush()
+            if line := raw.decode("utf-8", "replace").strip():
+                self._last_error = line[:300]
+
     def _watch(self) -> None:
-        while not self.stopping.wait(2.0):
-            if self.proc is not None and self.proc.poll() is not None and not self.stopping.is_set():
-                log.error("embedded worker exited with %s; starting it again", self.proc.returncode)
-                self._spawn()
+        while not self.stopping.wait(1.0):
+            proc = self.proc
+            if proc is None or proc.poll() is None or self.stopping.is_set():
+                if proc is not None and time.monotonic() - self._started_at >= self.HEALTHY_AFTER_S:
+                    self._crashes = 0  # it has run long enough: it was started fine
+                continue
+            self._last_exit = proc.returncode
+            ran_s = time.monotonic() - self._started_at
+            self._crashes = self._crashes + 1 if ran_s < self.HEALTHY_AFTER_S else 1
+            delay = min(self.MAX_BACKOFF_S, 2.0 ** (self._crashes - 1)) if self._crashes > 1 else 0.0
+            log.error("embedded worker exited with %s after %.0f s; starting it again in %.0f s",
+                      proc.returncode, ran_s, delay)
+            if self.stopping.wait(delay):
+                return
+            self._spawn()
+
+    def problem(self) -> str | None:
+        """Why the embedded worker cannot run jobs, while it keeps dying; None while it is fine."""
+        if self._crashes < self.CRASH_LIMIT:
+            return None
+        said = f": {self._last_error}" if self._last_error else ""
+        return (f"the embedded worker exited {self._crashes} times in a row within "
+                f"{self.HEALTHY_AFTER_S:.0f} s of starting (last exit status {self._last_exit}{said}); "
+                "no job can run until it starts: see the server's log")
 
     def stop(self) -> None:
         self.stopping.set()
@@ -122,14 +194,19 @@ class EmbeddedWorker:
             launcher.terminate_pgid(group.pgid, self.settings.cancel_grace_s)
 
 
+def _app(worker_problem: Callable[[], str | None] | None) -> Any:
+    from api.app import create_app
+
+    return create_app(worker_problem=worker_problem)
+
+
 def run_serve(host: str = "127.0.0.1", port: int = 8000) -> int:
     """Serve the API (and, in the embedded mode, one worker) until SIGINT/SIGTERM."""
     import uvicorn
 
     settings = get_settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    if settings.resolved_database_url.startswith("sqlite"):
-        upgrade_database(settings)
+    ensure_database(settings)
     worker = EmbeddedWorker(settings) if wants_embedded_worker(settings) else None
     if worker is not None:
         worker.start()
@@ -139,7 +216,8 @@ def run_serve(host: str = "127.0.0.1", port: int = 8000) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: stop_signals.append(signum))
     try:
-        uvicorn.run("api.app:create_app", factory=True, host=host, port=port, log_level="info")
+        problem = worker.problem if worker is not None else None
+        uvicorn.run(partial(_app, problem), factory=True, host=host, port=port, log_level="info")
     finally:
         if worker is not None:
             worker.stop()

@@ -60,6 +60,11 @@ class Settings(BaseSettings):
                                                    "hold.")] = 100
     max_gpus_per_user: Annotated[int, Field(ge=1, description="GPUs one user's running jobs may "
                                             "hold at once.")] = 64
+    team_reads: Annotated[bool, Field(description="Let every user read every job's spec, plan, "
+                                      "events, logs, metrics and checkpoints, and list and train on "
+                                      "every uploaded dataset. Off: those are their owner's and the "
+                                      "admins' (404 to others); everyone sees the queue either "
+                                      "way.")] = False
     # --- worker and box
     gpu_count: Annotated[int | None, Field(ge=0, description="GPUs of this box where NVML sees none "
                                            "(the CPU stands in for them).")] = None
@@ -68,12 +73,15 @@ class Settings(BaseSettings):
     host_memory_bytes: Annotated[int | None, Field(ge=0, description="Host RAM the planner may use; "
                                                    "default: the machine's.")] = None
     nvme_bytes: Annotated[int, Field(ge=0, description="NVMe space for offload; 0 turns NVMe "
-                                     "offload off.")] = 0
+                                     "offload off. Where DeepSpeed's async I/O op does not build (it "
+                                     "needs libaio and its headers, `libaio-dev`), plans for this box "
+                                     "refuse NVMe offload and say so.")] = 0
     nvme_path: Annotated[Path | None, Field(description="Folder for NVMe offload swap files.")] = None
     host_clock_factor: Annotated[float | None, Field(
         ge=HOST_CLOCK_FACTOR_BOUNDS[0], le=HOST_CLOCK_FACTOR_BOUNDS[1],
         description="This host's clock over the planner's calibration host's; default: probed on a box "
-                    "with NVIDIA GPUs.")] = None
+                    "with NVIDIA GPUs. Plans scale the host-bound part of a step (Python, kernel "
+                    "launches, ZeRO-3's hooks) by it.")] = None
     host_probe: Annotated[bool, Field(description="Probe this host's clock (a child process) "
                                       "when the settings give no host_clock_factor.")] = True
     host_probe_max_age_s: Annotated[float, Field(gt=0, description="Probe the host's clock again, in "

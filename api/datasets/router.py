@@ -65,16 +65,16 @@ async def upload_dataset(
                                    final_name, declared)
 
 
-@router.get("", summary="List datasets, newest first")
+@router.get("", summary="Your datasets (everyone's for an admin), newest first")
 def list_datasets(
-    session: SessionDep, _user: CurrentUser,
+    session: SessionDep, settings: SettingsDep, user: CurrentUser,
     after: Annotated[str | None, Query(pattern=r"^ds_[0-9a-z]{1,40}$")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> DatasetList:
-    return service.list_datasets(session, after, limit)
+    return service.list_datasets(session, settings, user, after, limit)
 
 
-@router.get("/{dataset_id}", summary="One dataset")
+@router.get("/{dataset_id}", summary="One dataset", responses={404: {"description": "Unknown, or not yours"}})
 def get_dataset(dataset_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$")], session: SessionDep,
-                _user: CurrentUser) -> DatasetRead:
-    return service.get_dataset(session, dataset_id)
+                settings: SettingsDep, user: CurrentUser) -> DatasetRead:
+    return service.get_dataset(session, settings, user, dataset_id)

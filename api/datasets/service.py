@@ -16,6 +16,7 @@ from typing import IO
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from api.auth.access import may_read, sees_everything
 from api.auth.service import Principal
 from api.datasets.schemas import DatasetCreated, DatasetList, DatasetRead
 from api.errors import FieldError, InvalidInput, NotFound
@@ -108,17 +109,22 @@ def _read(row: Dataset, owner: str) -> DatasetRead:
                        size_bytes=row.size_bytes, sha256=row.sha256, created_at=row.created_at)
 
 
-def get_dataset(session: Session, dataset_id: str) -> DatasetRead:
+def get_dataset(session: Session, settings: Settings, user: Principal, dataset_id: str) -> DatasetRead:
+    """The dataset, or 404 if unknown or not the caller's to read (see :mod:`api.auth.access`)."""
     found = session.execute(select(Dataset, User.name).join(User, User.id == Dataset.owner_id)
                             .where(Dataset.id == dataset_id)).first()
-    if found is None:
+    if found is None or not may_read(user, found[0].owner_id, settings):
         raise NotFound(f"no dataset {dataset_id}", errors=[FieldError("dataset_id", "no such dataset")])
     return _read(found[0], found[1])
 
 
-def list_datasets(session: Session, after: str | None, limit: int) -> DatasetList:
+def list_datasets(session: Session, settings: Settings, user: Principal, after: str | None,
+                  limit: int) -> DatasetList:
+    """The caller's datasets (everyone's for an admin, or with team reads), newest first."""
     query = (select(Dataset, User.name).join(User, User.id == Dataset.owner_id)
              .order_by(Dataset.id.desc()).limit(limit + 1))
+    if not sees_everything(user, settings):
+        query = query.where(Dataset.owner_id == user.user_id)
     if after:
         query = query.where(Dataset.id < after)
     rows = session.execute(query).all()

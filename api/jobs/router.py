@@ -6,11 +6,12 @@ from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from api.auth.access import may_read
 from api.auth.service import Principal
 from api.deps import (
     AdminUser,
@@ -22,8 +23,15 @@ from api.deps import (
     finish_now,
     first_row,
 )
-from api.errors import ApiError, FieldError, InvalidInput, TooManyRequests, retry_after_header
-from api.jobs import idempotency, service
+from api.errors import (
+    ApiError,
+    FieldError,
+    InvalidInput,
+    ServiceUnavailable,
+    TooManyRequests,
+    retry_after_header,
+)
+from api.jobs import idempotency, logs, service
 from api.jobs.deps import JobId, ValidJob
 from api.jobs.schemas import (
     CheckpointList,
@@ -50,7 +58,10 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
 
 
 async def submit_allowance(request: Request, user: CurrentUser) -> Principal:
-    """The per-token submission rate (token bucket): 429 with Retry-After when spent."""
+    """The per-token submission rate (token bucket): 429 with Retry-After when spent; 503 while the
+    embedded worker cannot run jobs (they would wait in the queue for nothing)."""
+    if (problem := request.app.state.worker_problem()) is not None:
+        raise ServiceUnavailable(problem, errors=[FieldError("worker", problem)])
     wait = request.app.state.submit_buckets.take(user.token_id)
     if wait > 0:
         raise TooManyRequests(f"more than {request.app.state.settings.submit_rate_per_minute} submissions "
@@ -102,7 +113,7 @@ def _submit(session: Session, settings: Settings, user: Principal, spec: JobCrea
 
 @router.get("", summary="List jobs, newest first")
 def list_jobs(
-    session: SessionDep, user: CurrentUser,
+    session: SessionDep, user: CurrentUser, settings: SettingsDep,
     status: Annotated[list[JobStatus], Query(description="Repeat to match several.")] = [],  # noqa: B006
     owner: Annotated[str | None, Query(pattern=r"^[^\x00-\x1f]{1,100}$",
                                        description="A user name, or `me`.")] = None,
@@ -110,7 +121,8 @@ def list_jobs(
                                        description="`next_after` of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobList:
-    return service.list_jobs(session, user, statuses=status, owner=owner, after=after, limit=limit)
+    return service.list_jobs(session, user, statuses=status, owner=owner, after=after, limit=limit,
+                             settings=settings)
 
 
 # one job with its owner's name, as plain columns: a Core row is all that JobRead needs
@@ -119,9 +131,9 @@ _JOB_WITH_OWNER = (select(*Job.__table__.c, User.name.label("owner_name"))
 
 
 @router.get("/{job_id}", summary="One job", responses=_PROBLEMS)
-async def get_job(job_id: JobId, request: Request, _user: Reader) -> JobRead:
+async def get_job(job_id: JobId, request: Request, user: Reader) -> JobRead:
     row = await first_row(request, _JOB_WITH_OWNER, {"job_id": job_id})
-    if row is None:
+    if row is None or not may_read(user, row.owner_id, request.app.state.settings):
         raise service.job_not_found(job_id)
     return service.job_read(row, row.owner_name)
 
@@ -177,3 +189,19 @@ def job_metrics(
 @router.get("/{job_id}/checkpoints", summary="Checkpoints of a job")
 def job_checkpoints(session: SessionDep, ref: ValidJob) -> CheckpointList:
     return service.list_checkpoints(session, ref.job.id)
+
+
+@router.get("/{job_id}/logs", summary="The training log (text); `tail` lines, `follow` as it grows",
+            response_class=PlainTextResponse, responses=_PROBLEMS)
+async def job_logs(
+    request: Request, ref: ValidJob,
+    tail: Annotated[int | None, Query(ge=0, le=10**7, description="Only the last N lines.")] = None,
+    follow: Annotated[bool, Query(description="Keep sending what is written until the job ends.")] = False,
+) -> StreamingResponse:
+    sessions = request.app.state.read_sessions
+    log = await run_in_threadpool(logs.open_log, sessions, ref.job.id, ref.job.job_dir, tail)
+    text = logs.log_text(sessions, ref.job.id, log, follow=follow, disconnected=request.is_disconnected,
+                         poll_s=request.app.state.stream_timing.poll_s)
+    return StreamingResponse(text, media_type="text/plain; charset=utf-8",
+                             headers={"X-Log-Source": log.source, "Cache-Control": "no-cache",
+                                      "X-Accel-Buffering": "no"})

@@ -41,7 +41,7 @@ class Progress(BaseModel):
 
 
 class JobSummary(BaseModel):
-    """A job as lists show it (no spec or plan)."""
+    """A job as lists show it (no spec or plan); another user's job without progress or failure."""
 
     id: str
     name: str
@@ -51,7 +51,7 @@ class JobSummary(BaseModel):
     num_gpus: int
     planned_peak_gpu_bytes: int | None
     planned_host_bytes: int | None
-    progress: Progress
+    progress: Progress | None = Field(description="Null where the caller may not read the job's details.")
     failure: Failure | None
     created_at: datetime
     updated_at: datetime
@@ -61,6 +61,8 @@ class JobSummary(BaseModel):
 
 class JobRead(JobSummary):
     """One job in full: the spec as stored (paths resolved), the plan it was accepted with."""
+
+    progress: Progress
 
     spec: dict[str, Any]
     plan: dict[str, Any]

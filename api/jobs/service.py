@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, defer
 
+from api.auth.access import may_read
 from api.auth.service import Principal
 from api.errors import (
     Conflict,
@@ -76,8 +77,12 @@ def _summary_fields(job: Job | Row[Any], owner: str) -> dict[str, Any]:
                 finished_at=job.finished_at)
 
 
-def job_summary(job: Job, owner: str) -> JobSummary:
-    return JobSummary(**_summary_fields(job, owner))
+def job_summary(job: Job, owner: str, *, details: bool = True) -> JobSummary:
+    """``details`` False: the queue's view of someone else's job, without its progress or failure."""
+    fields = _summary_fields(job, owner)
+    if not details:
+        fields.update(progress=None, failure=None)
+    return JobSummary(**fields)
 
 
 def job_read(job: Job | Row[Any], owner: str) -> JobRead:
@@ -102,8 +107,12 @@ def job_not_found(job_id: str) -> NotFound:
 
 
 def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus], owner: str | None,
-              after: str | None, limit: int) -> JobList:
-    """Newest first; ``after`` is the last id of the previous page (ids sort by creation time)."""
+              after: str | None, limit: int, settings: Settings) -> JobList:
+    """Newest first; ``after`` is the last id of the previous page (ids sort by creation time).
+
+    Everyone sees the whole queue; the progress and failure of a job are only there for those who
+    may read its details (:func:`api.auth.access.may_read`).
+    """
     query = (select(Job, User.name).join(User, User.id == Job.owner_id)
              .options(defer(Job.spec), defer(Job.plan), defer(Job.eval_result), defer(Job.log_tail))
              .order_by(Job.id.desc()).limit(limit + 1))
@@ -116,7 +125,8 @@ def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus
     if after:
         query = query.where(Job.id < after)
     rows = session.execute(query).all()
-    items = [job_summary(job, name) for job, name in rows[:limit]]
+    items = [job_summary(job, name, details=may_read(user, job.owner_id, settings))
+             for job, name in rows[:limit]]
     return JobList(items=items, next_after=items[-1].id if len(rows) > limit else None)
 
 
@@ -140,7 +150,7 @@ def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: 
         raise InvalidInput.for_field("dataset", "a job needs a dataset (dataset.path or dataset.id)")
     if ds.id is not None:
         row = session.get(Dataset, ds.id)
-        if row is None:
+        if row is None or not may_read(user, row.owner_id, settings):  # another's: as if unknown
             raise InvalidInput.for_field("dataset.id", f"no dataset {ds.id}")
         update = {"num_rows": ds.num_rows or row.num_rows}
         return spec.model_copy(update={"dataset": ds.model_copy(update=update)}), row.id
@@ -370,6 +380,20 @@ def list_events(session: Session, job_id: str, after: int, limit: int) -> EventL
 def job_status(session: Session, job_id: str) -> JobStatus | None:
     status = session.scalar(select(Job.status).where(Job.id == job_id))
     return JobStatus(status) if status is not None else None
+
+
+_PROGRESS_COLUMNS: tuple[Any, ...] = (
+    Job.status, Job.step, Job.total_steps, Job.epoch, Job.loss, Job.learning_rate, Job.tokens_per_second,
+    Job.samples_per_second, Job.eta_seconds, Job.measured_peak_gpu_bytes, Job.measured_host_rss_bytes,
+    Job.host_cpu_percent, Job.progress_at)
+
+
+def job_status_and_progress(session: Session, job_id: str) -> tuple[JobStatus | None, Progress | None]:
+    """The job's state and its latest progress (None before the first step is recorded)."""
+    row = session.execute(select(*_PROGRESS_COLUMNS).where(Job.id == job_id)).first()
+    if row is None:
+        return None, None
+    return JobStatus(row.status), _progress(row) if row.progress_at is not None else None
 
 
 def metric_series(session: Session, job_id: str, kind: MetricKind, after_step: int | None,

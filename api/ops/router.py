@@ -1,7 +1,9 @@
-"""``/healthz`` (the process answers), ``/readyz`` (database and broker reachable), ``/metrics``."""
+"""``/healthz`` (the process answers), ``/readyz`` (database and broker reachable, the embedded
+worker not failing), ``/metrics``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
@@ -57,20 +59,23 @@ def _broker_problem(settings: Settings) -> str | None:
     return None
 
 
-def _readiness(sessions: sessionmaker[Session], settings: Settings) -> list[FieldError]:
+def _readiness(sessions: sessionmaker[Session], settings: Settings,
+               worker_problem: Callable[[], str | None]) -> list[FieldError]:
     problems = []
     if (db := _database_problem(sessions)) is not None:
         problems.append(FieldError("database", db))
     if (broker := _broker_problem(settings)) is not None:
         problems.append(FieldError("broker", broker))
+    if (worker := worker_problem()) is not None:
+        problems.append(FieldError("worker", worker))
     return problems
 
 
-@router.get("/readyz", summary="Database and broker reachable",
+@router.get("/readyz", summary="Database and broker reachable, and the embedded worker running",
             responses={503: {"content": {"application/problem+json": {}}}})
 async def readyz(request: Request) -> dict[str, str]:
-    problems = await run_in_threadpool(_readiness, request.app.state.read_sessions,
-                                       request.app.state.settings)
+    state = request.app.state
+    problems = await run_in_threadpool(_readiness, state.read_sessions, state.settings, state.worker_problem)
     if problems:
         raise ServiceUnavailable("not ready: " + "; ".join(p["field"] for p in problems), errors=problems)
     return {"status": "ready", "database": "ok", "broker": "ok"}

@@ -51,7 +51,9 @@ def hardware_for(spec: JobSpec, session: Session, settings: Settings) -> Hardwar
     try:
         hardware = box_hardware(session, settings)
     except NoGpuError as exc:
-        raise ServiceUnavailable(str(exc), errors=[{"field": "hardware", "message": str(exc)}]) from exc
+        message = (f"{exc}: for example TUNEBOX_GPU_COUNT=1 TUNEBOX_GPU_MEMORY_BYTES={16 * 2**30} (16 GiB), "
+                   "then restart the server")
+        raise ServiceUnavailable(message, errors=[{"field": "hardware", "message": message}]) from exc
     if hardware.qlora_unavailable is None and importlib.util.find_spec("bitsandbytes") is None:
         # QLoRA's 4-bit layers come from bitsandbytes; found without importing it (no torch here)
         hardware = hardware.model_copy(update={"qlora_unavailable": "bitsandbytes is not installed"})

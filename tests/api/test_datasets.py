@@ -23,7 +23,7 @@ def test_raw_jsonl_upload_is_validated_counted_and_stored(env: Env) -> None:
     assert ds["name"] == "support" and ds["owner"] == "alice" and len(ds["sample"]) == 3
     stored = Path(env.settings.data_dir) / "datasets" / f"{ds['id']}.jsonl"
     assert len(stored.read_text().splitlines()) == 7
-    assert env.client.get(f"/v1/datasets/{ds['id']}", headers=env.auth("bob")).json()["num_rows"] == 7
+    assert env.client.get(f"/v1/datasets/{ds['id']}", headers=env.auth()).json()["num_rows"] == 7
     listed = env.client.get("/v1/datasets", headers=env.auth()).json()["items"]
     assert [d["id"] for d in listed] == [ds["id"]]
 

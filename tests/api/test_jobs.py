@@ -24,7 +24,7 @@ def test_submit_stores_queued_job_with_plan_and_enqueues_after_commit(env: Env) 
     events = env.client.get(f"/v1/jobs/{job['id']}/events", headers=env.auth()).json()["items"]
     kinds = [e["kind"] for e in events]
     assert kinds == ["created", "audit"]
-    shown = env.client.get(f"/v1/jobs/{job['id']}", headers=env.auth("bob"))  # team members see all
+    shown = env.client.get(f"/v1/jobs/{job['id']}", headers=env.auth())
     assert shown.status_code == 200 and shown.json()["id"] == job["id"]
 
 

@@ -14,9 +14,17 @@ def test_get_reads_the_job_as_submitted_on_either_path(env: Env) -> None:
     on_postgres = env.url.startswith("postgresql")
     assert (env.client.app.state.async_reads is not None) is on_postgres  # type: ignore[attr-defined]
     created = env.submit()
-    shown = env.client.get(f"/v1/jobs/{created['id']}", headers=env.auth("bob"))
+    shown = env.client.get(f"/v1/jobs/{created['id']}", headers=env.auth())
     assert shown.status_code == 200
     assert shown.json() == created  # every field, the JSON documents and timestamps included
+
+
+def test_another_users_job_is_not_found_on_either_path(env: Env) -> None:
+    created = env.submit()
+    hidden = env.client.get(f"/v1/jobs/{created['id']}", headers=env.auth("bob"))
+    assert hidden.status_code == 404
+    assert hidden.json()["errors"] == [{"field": "job_id", "message": "no such job"}]
+    assert env.client.get(f"/v1/jobs/{created['id']}", headers=env.auth("root")).json() == created
 
 
 def test_get_unknown_job_and_bad_token_are_problems(env: Env) -> None:

@@ -162,3 +162,33 @@ def test_settings_markdown_lists_every_setting(capsys: pytest.CaptureFixture[str
     for name in Settings.model_fields:
         assert f"`TUNEBOX_{name.upper()}`" in out
     assert "| --- |" in out
+
+
+def test_the_readme_settings_table_is_what_the_command_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["settings", "--markdown"]) == 0
+    table = capsys.readouterr().out.strip()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert table in readme, "regenerate the README's table with `tunebox settings --markdown`"
+
+
+def test_logs_prints_the_whole_log_or_its_tail(server: Env, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from sqlalchemy import update
+
+    job = server.submit()
+    folder = tmp_path / "jobs" / job["id"]
+    folder.mkdir(parents=True)
+    (folder / "train.log").write_text("".join(f"line {i}\n" for i in range(300)))
+    with session_scope(server.url) as session:
+        session.execute(update(Job).where(Job.id == job["id"]).values(job_dir=str(folder)))
+        transition(session, job["id"], S.CANCELLED)
+    assert main(["logs", job["id"]]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("line 0\n") and out.endswith("line 299\n") and out.count("\n") == 300
+    assert main(["logs", job["id"], "-n", "2", "-f"]) == 0  # the job has ended: follow stops at once
+    assert capsys.readouterr().out == "line 298\nline 299\n"
+    (folder / "train.log").write_text("cut mid-line")
+    assert main(["logs", job["id"]]) == 0
+    assert capsys.readouterr().out == "cut mid-line\n"
+    assert main(["logs", "job_nosuchjob"]) == 1
+    assert "error 404" in capsys.readouterr().err
