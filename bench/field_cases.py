@@ -34,6 +34,7 @@ from bench.service_gpu import (
     progress_lines,
     steady_tokens_per_second,
     tunebox,
+    wait_ready,
 )
 
 GIB = 2**30
@@ -251,15 +252,7 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
     out: dict[str, Any] = {"card_limit_bytes": int(limit_gib * GIB) if limit_gib else None, "jobs": {}}
     started = time.monotonic()
     try:
-        for _ in range(240):
-            if serve.poll() is not None:
-                raise RuntimeError(f"tunebox serve exited {serve.returncode}: see serve-{name}.log")
-            try:
-                if client.get("/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        wait_ready(client, serve, 120, work / f"serve-{name}.log")
         out["gpus"] = client.get("/v1/gpus").json()
         ids: dict[str, str] = {}
         for spec in jobs:

@@ -110,6 +110,20 @@ def tunebox(env: dict[str, str], *args: str) -> str:
     return out.stdout
 
 
+def wait_ready(client: httpx.Client, serve: subprocess.Popen[bytes], seconds: float, log: Path) -> None:
+    """Until ``tunebox serve`` answers ``/readyz`` ready (or ``seconds`` pass); fails if it exited."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if serve.poll() is not None:
+            raise RuntimeError(f"tunebox serve exited {serve.returncode}: see {log}")
+        try:
+            if client.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+
+
 def job_spec(name: str, model: Path, data: Path, method: str, offload: str, steps: int,
              seq_len: int, micro: int) -> dict[str, Any]:
     return {
@@ -261,13 +275,7 @@ def main() -> int:
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
                           headers={"Authorization": f"Bearer {token}"})
     try:
-        for _ in range(120):
-            try:
-                if client.get("/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        wait_ready(client, serve, 60, work / "serve.log")
         specs = {}
         if m15 is not None:
             specs["lora_1.5b_z3_offload"] = job_spec("lora-1.5b-z3-offload", m15, data, "lora", "cpu",
