@@ -17,9 +17,9 @@ CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-_MARKER = ".tiny-model-v1"
+_MARKER = ".tiny-model-v2"
 ARCH = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "intermediate_size": 128, "max_position_embeddings": 256}
+        "intermediate_size": 128, "max_position_embeddings": 1024}
 
 
 def _train_tokenizer(dest: Path, chat_template: bool):
