@@ -38,8 +38,7 @@ def test_happy_path_sets_timestamps_and_writes_status_events(pg_url: str,
 
 
 # The job lifecycle of the design contract (pause/resume included), written out by hand and never
-# derived from store.states: every
-# (from, to) pair a job may take. Anything not listed is forbidden.
+# derived from store.states: every (from, to) pair a job may take. Anything not listed is forbidden.
 DESIGN_STATES = ("queued", "starting", "running", "evaluating", "cancelling", "pausing", "paused",
                  "succeeded", "failed", "cancelled")
 DESIGN_TRANSITIONS = frozenset({
