@@ -22,6 +22,7 @@ TorchOOM = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch.cuda"
 
 @pytest.mark.parametrize(("exc", "reason"), [
     (TorchOOM("CUDA out of memory. Tried to allocate 2.00 GiB"), "cuda_oom"),
+    (TorchOOM("Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB"), "cuda_oom"),  # by type
     (RuntimeError("CUDA error: out of memory"), "cuda_oom"),
     (MemoryError(), "host_oom"),
     (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
