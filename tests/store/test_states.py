@@ -68,6 +68,8 @@ DESIGN_TRANSITIONS = frozenset({
     ("paused", "cancelled"),
 })
 DESIGN_TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+# states in which a process of the job may exist and holds (or is about to hold) its GPUs
+DESIGN_ACTIVE = frozenset({"starting", "running", "evaluating", "cancelling", "pausing"})
 STORE_STATES = [s.value for s in JobStatus]
 PAIRS = [(a, b) for a in DESIGN_STATES for b in DESIGN_STATES if a in STORE_STATES and b in STORE_STATES]
 
@@ -75,6 +77,12 @@ PAIRS = [(a, b) for a in DESIGN_STATES for b in DESIGN_STATES if a in STORE_STAT
 def test_the_hand_written_table_keeps_terminal_states_final() -> None:
     assert not [pair for pair in DESIGN_TRANSITIONS if pair[0] in DESIGN_TERMINAL]
     assert {s.value for s in TERMINAL} == DESIGN_TERMINAL
+
+
+def test_the_active_states_are_those_with_a_process() -> None:
+    active = {s.value for s in JobStatus if s.active()}
+    assert active == DESIGN_ACTIVE & set(STORE_STATES)
+    assert not active & DESIGN_TERMINAL and "queued" not in active
 
 
 @pytest.mark.xfail(strict=True, reason="pause/resume (pausing, paused) is not in the store yet")
