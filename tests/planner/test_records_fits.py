@@ -24,7 +24,13 @@ def _spec(gpu_bytes: int, host_bytes: int) -> dict[str, Any]:
         "method": "full",
         "training": {"micro_batch_size": 2, "gradient_accumulation_steps": 1, "seq_len": 1024,
                      "gradient_checkpointing": True, "max_steps": 10},
-        "resources": {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "none"},
+        # every knob pinned: with any left to it, the search may choose smaller buffers where the box
+        # is tight, and the job would not be the same on every box
+        "resources": {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "none",
+                      "deepspeed": {"reduce_bucket_size": 500_000_000, "sub_group_size": 1_000_000_000,
+                                    "stage3_prefetch_bucket_size": 500_000_000,
+                                    "stage3_max_live_parameters": 1_000_000_000,
+                                    "stage3_max_reuse_distance": 1_000_000_000}},
         "eval": {"when": "none"},
         "hardware": {"gpu_count": 1, "gpu_memory_bytes": gpu_bytes, "host_memory_bytes": host_bytes},
     }
