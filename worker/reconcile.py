@@ -62,7 +62,7 @@ def reconcile_once(settings: Settings) -> Report:
     _kill_orphans(url, host, settings, report)
     _resend_lost_messages(url, settings, report)
     for job_id in report.requeued:
-        _enqueue(url, job_id)
+        enqueue(url, job_id)
     return report
 
 
@@ -229,7 +229,7 @@ def _resend_lost_messages(url: str, settings: Settings, report: Report) -> None:
             s.add(JobEvent(job_id=job_id, kind="reconcile", actor=ACTOR,
                            message="the job's message was not on the broker; sent again"))
     for job_id in missing:
-        _enqueue(url, job_id)
+        enqueue(url, job_id)
     report.resent.extend(missing)
 
 
@@ -274,7 +274,7 @@ def _folder_messages(settings: Settings) -> Iterable[str]:
             yield path.read_text("utf-8", "replace")
 
 
-def _enqueue(url: str, job_id: str) -> None:
+def enqueue(url: str, job_id: str) -> None:
     """Send the run task; only after the commit that left the job queued."""
     from worker.dispatch import enqueue_job
 

@@ -33,7 +33,6 @@ from store.models import Checkpoint, Gpu, Job, JobEvent
 from store.states import ACTIVE, IllegalTransition, JobStatus, transition
 from tunebox.settings import Settings
 from worker import launcher, leasing, reconcile
-from worker.dispatch import enqueue_job
 from worker.gpus import NvmlSampler
 from worker.leasing import Grant
 from worker.progress import LineTail, LogFollower, ProgressRecorder, parse_records, record_eval_metric
@@ -86,7 +85,6 @@ class JobRun:
         self._renewed = time.monotonic()  # the leases were granted just now
         self._db_down_since: float | None = None
         self.evals = Evaluations(self)
-        self._priority = 0
 
     # ------------------------------------------------------------------ the run
 
@@ -304,7 +302,6 @@ class JobRun:
                            data={"attempt": self.attempt, "replanned_after_oom": outcome.data},
                            plan=outcome.plan, dispatch_checked_at=utcnow(),
                            planned_peak_gpu_bytes=int(job.planned_peak_gpu_bytes or 0) + outcome.added_bytes)
-                self._priority = job.priority
             return None
 
         why = self._when_database(step)
@@ -312,7 +309,7 @@ class JobRun:
             return Failure(failure.kind, failure.reason, f"{failure.message}; not planned again: {why}",
                            failure.data)
         self.status = JobStatus.QUEUED
-        enqueue_job(self.job_id, priority=self._priority)
+        reconcile.enqueue(self.url, self.job_id)
         log.warning("job %s ran out of its planned GPU memory; planned again and queued", self.job_id)
         return None
 

@@ -36,12 +36,12 @@ def worker(db_url, redis_url, tmp_path_factory):
 
 
 def _submit(worker: WorkerProcess, name: str, *, priority: int = 0, eval_when: str = "end",
-            max_steps: int = 4, send_task: bool = True) -> str:
+            max_steps: int = 4, send_task: bool = True, peak: int | None = None) -> str:
     url = worker.settings.resolved_database_url
     spec = job_spec(name=name, priority=priority, eval={"when": eval_when},
                     training={"max_steps": max_steps, "epochs": None, "seq_len": 32, "save_steps": 2})
     with session_scope(url) as s:
-        job_id = make_job(s, make_user(s), priority=priority, spec=spec, peak=None).id
+        job_id = make_job(s, make_user(s), priority=priority, spec=spec, peak=peak).id
     if send_task:
         send(worker.settings, job_id)
     return job_id
@@ -227,17 +227,8 @@ def test_checkpoint_evaluations_beside_or_after_training(worker, db_url, fits):
     assert (first_eval < training_over) is fits
 
 
-def _submit_planned(worker: WorkerProcess, name: str, peak: int) -> str:
-    url = worker.settings.resolved_database_url
-    spec = job_spec(name=name, training={"max_steps": 2, "epochs": None, "seq_len": 32, "save_steps": 2})
-    with session_scope(url) as s:
-        job_id = make_job(s, make_user(s), spec=spec, peak=peak).id
-    send(worker.settings, job_id)
-    return job_id
-
-
 def test_a_job_out_of_its_planned_memory_is_planned_again_with_its_peak_and_succeeds(worker, db_url):
-    job_id = _submit_planned(worker, "fake:oom-once-12", peak=10 * GIB)
+    job_id = _submit(worker, "fake:oom-once-12", eval_when="none", max_steps=2, peak=10 * GIB)
     job = wait_status(db_url, job_id, TERMINAL, worker=worker)
     assert job.status is S.SUCCEEDED, job.failure_message
     assert job.attempt == 2
@@ -260,7 +251,7 @@ def test_a_job_out_of_its_planned_memory_is_planned_again_with_its_peak_and_succ
     ("fake:oom-once-30", "the card holds 24.00 GiB"),  # the harness's stand-in card
 ])
 def test_a_job_is_planned_again_only_once_and_only_where_its_card_holds_it(worker, db_url, name, why):
-    job_id = _submit_planned(worker, name, peak=10 * GIB)
+    job_id = _submit(worker, name, eval_when="none", max_steps=2, peak=10 * GIB)
     job = wait_status(db_url, job_id, TERMINAL, worker=worker)
     assert (job.status, job.failure_kind, job.failure_reason) == (S.FAILED, "error", "cuda_oom")
     assert "not planned again: " in job.failure_message and why in job.failure_message
