@@ -101,9 +101,6 @@ def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
 
 
 PINNED = ("num_gpus", "zero_stage", "offload_optimizer", "offload_param")
-ZERO_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-              "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-              "sub_group_size", "overlap_comm", "contiguous_gradients")
 
 
 def boxes(report: dict[str, Any], phase: dict[str, Any]) -> dict[str, Any]:
@@ -132,6 +129,7 @@ def model_folder(config: dict[str, Any], where: Path) -> Path:
 def replan(job: dict[str, Any], box: dict[str, Any], where: Path) -> Any:
     """The job planned by today's planner with the configuration it ran, on the box it ran on."""
     from planner import plan
+    from planner.dsconfig import ZERO_KNOBS
 
     resolved = job["plan"]["resolved"]
     spec = dict(job["spec"])

@@ -93,6 +93,8 @@ _BOOL_KNOBS = {
     "pin_memory": "pin_memory",
 }
 _WHERE = "resources.deepspeed"
+#: the DeepSpeed ``zero_optimization`` keys that ``resources.deepspeed`` pins and the estimator models
+ZERO_KNOBS = frozenset(_INT_KNOBS) | frozenset(_BOOL_KNOBS)
 
 
 class PinnedDeepSpeed:
