@@ -1,0 +1,59 @@
+"""The calibration data file: every constant the estimator uses, with its evidence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner import constants, plan
+from planner.calibration import CALIBRATION, KINDS, parse, trial
+from tests.planner.support import H200_BYTES, TINY_CONFIGS
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+EVIDENCED = ("measured", "fitted", "count")
+
+
+def test_the_constants_module_is_the_data_file() -> None:
+    names = {n for n in vars(constants) if n.isupper() and not n.startswith("_")} - {"GIB", "CALIBRATION_RESULTS"}
+    assert names == set(CALIBRATION.constants)
+    for name, c in CALIBRATION.constants.items():
+        assert getattr(constants, name) == c.value, name
+
+
+@pytest.mark.parametrize("name", sorted(CALIBRATION.constants))
+def test_every_measured_or_fitted_constant_names_its_records_and_hardware(name: str) -> None:
+    c = CALIBRATION[name]
+    assert c.kind in KINDS and c.unit and c.meaning
+    if c.kind in EVIDENCED:
+        assert c.hardware and c.records, f"{name} is {c.kind} but names no hardware or records"
+    for record in c.records:
+        assert (RESULTS / record).exists(), f"{name}: bench/results/{record} does not exist"
+
+
+def test_the_calibration_files_exist_and_every_other_record_is_held_out() -> None:
+    assert CALIBRATION.calibration_files
+    for name in CALIBRATION.calibration_files:
+        assert (RESULTS / name).is_file(), name
+    fitted = {r for c in CALIBRATION.constants.values() if c.kind == "fitted" for r in c.records}
+    assert fitted <= set(CALIBRATION.calibration_files)
+
+
+def test_a_trial_plans_with_other_values_and_restores_them() -> None:
+    tiny_spec = {"model": {"config": TINY_CONFIGS["llama"]}, "method": "lora",
+                 "hardware": {"gpu_count": 1, "gpu_memory_bytes": H200_BYTES, "host_memory_bytes": 64 * 2**30}}
+    before = plan(tiny_spec).per_gpu
+    with trial(CUDA_CONTEXT_BYTES=2 * constants.CUDA_CONTEXT_BYTES):
+        inside = plan(tiny_spec).per_gpu
+    assert inside.cuda_context_bytes == 2 * before.cuda_context_bytes
+    assert plan(tiny_spec).per_gpu.cuda_context_bytes == before.cuda_context_bytes
+    with pytest.raises(KeyError, match="NOT_A_CONSTANT"), trial(NOT_A_CONSTANT=1.0):
+        pass
+
+
+def test_an_entry_of_unknown_kind_is_refused() -> None:
+    raw = json.loads((Path(constants.__file__).parent / "data" / "calibration.json").read_text())
+    raw["constants"]["MFU"]["kind"] = "guessed"
+    with pytest.raises(ValueError, match="MFU: kind must be one of"):
+        parse(raw)
