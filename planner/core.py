@@ -226,6 +226,9 @@ def _check_explicit(
     opt: tuple[Device, ...] | None,
     par: tuple[Device, ...] | None,
 ) -> None:
+    if p.spec.method.value == "qlora" and stages and stages[0] == 3:
+        raise PlanError("resources.zero_stage", "QLoRA runs under ZeRO stage 0, 1 or 2: the trainer loads its "
+                        "4-bit weights whole onto each GPU, which ZeRO-3 does not partition")
     if par and par[0] != "none" and stages and stages[0] != 3:
         raise PlanError("resources.offload_param", "parameter offload needs resources.zero_stage 3")
     if opt and opt[0] != "none" and stages and stages[0] == 0:

@@ -188,6 +188,8 @@ def _valid(stage: int, opt: Device, par: Device, base: Setup) -> bool:
         return False  # DeepSpeed offloads the optimizer only through ZeRO 1-3
     if par != "none" and stage != 3:
         return False
+    if base.method == "qlora" and stage == 3:
+        return False  # the trainer loads the 4-bit weights whole onto each GPU (a device_map)
     return not (opt != "none" and base.optimizer == "adamw_8bit")
 
 

@@ -221,10 +221,10 @@ class Trainer:
         model = modeling.load_causal_lm(self.run.model_dir, dtype, **extra)
         model.config.use_cache = False
         if self.spec.method.value == "qlora":
-            from peft import prepare_model_for_kbit_training
-
-            model = prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
-                model, use_gradient_checkpointing=False)
+            # frozen, and the unquantised weights kept in the precision they train in: peft's
+            # prepare_model_for_kbit_training would first copy them to fp32, a transient of twice the
+            # embeddings' size on the GPU that DeepSpeed's cast to bf16 undoes
+            model.requires_grad_(False)
         if self.run.resolved.gradient_checkpointing:
             modeling.enable_checkpointing(model, self.lora)
         if self.lora:

@@ -247,3 +247,20 @@ def test_qlora_where_the_box_cannot_run_it_is_its_own_refusal() -> None:
     lora = auto_spec("Qwen/Qwen2.5-7B", "lora", 10, 1, 64, accumulation=8)
     lora["hardware"]["qlora_unavailable"] = "bitsandbytes is not installed"
     assert all(a.changes.get("method") != "qlora" for a in plan(lora).alternatives)
+
+
+@pytest.mark.parametrize("gpu_gib", [10, 24, 80])
+def test_qlora_is_never_planned_under_zero3(gpu_gib: int) -> None:
+    """The trainer loads QLoRA's 4-bit weights whole onto each GPU, which ZeRO-3 cannot partition:
+    neither the choice nor an alternative may be ZeRO-3, and a spec that pins it is refused."""
+    spec = auto_spec("Qwen/Qwen2.5-7B", "qlora", gpu_gib)
+    p = plan(spec)
+    assert p.resolved.zero_stage != 3
+    for alternative in p.alternatives:
+        if alternative.kind == "configuration":
+            assert alternative.changes.get("resources.zero_stage") != 3
+    pinned = copy.deepcopy(spec)
+    pinned["resources"] = {"zero_stage": 3}
+    with pytest.raises(PlanError, match="QLoRA runs under ZeRO stage 0, 1 or 2") as err:
+        plan(pinned)
+    assert err.value.field == "resources.zero_stage"
