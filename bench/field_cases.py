@@ -42,16 +42,45 @@ ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 AUTO = {"num_gpus": "auto", "zero_stage": "auto", "offload_optimizer": "auto", "offload_param": "auto"}
 #: the field report's headline configuration: ZeRO-3, optimizer and parameters on the CPU
 FIELD_REPORT = {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}
+ONE_GPU = {"num_gpus": 1, "offload_optimizer": "none", "offload_param": "none"}
 
 
 def job(name: str, model: str, method: str, resources: dict[str, Any], *, seq_len: int = 1024,
         micro: int | str = "auto", accumulation: int = 8, checkpointing: bool | str = "auto",
-        targets: list[str] | None = None) -> dict[str, Any]:
+        targets: list[str] | None = None, optimizer: str = "adamw", alternative: int = 0) -> dict[str, Any]:
+    """A job of a phase. ``alternative=k`` runs the k-th alternative of the plan the service makes
+    for this spec (every configuration field pinned as that alternative has it) instead of its choice."""
     return {"name": name, "model": model, "method": method,
             "lora": {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": targets or ALL_PROJECTIONS},
             "training": {"micro_batch_size": micro, "gradient_accumulation_steps": accumulation,
-                         "seq_len": seq_len, "gradient_checkpointing": checkpointing},
-            "resources": resources}
+                         "seq_len": seq_len, "gradient_checkpointing": checkpointing, "optimizer": optimizer},
+            "resources": resources, **({"alternative": alternative} if alternative else {})}
+
+
+def ranked(name: str, model: str, method: str, *, alternatives: int = 2, **kw: Any) -> list[dict[str, Any]]:
+    """The plan's choice for an all-"auto" job and its next ``alternatives`` configurations."""
+    return [job(f"{name}-auto", model, method, AUTO, **kw)] + [
+        job(f"{name}-alt{k}", model, method, AUTO, alternative=k, **kw) for k in range(1, alternatives + 1)]
+
+
+def pin_alternative(body: dict[str, Any], plan: dict[str, Any], k: int) -> dict[str, Any]:
+    """``body`` with every configuration field as the plan's k-th alternative has it."""
+    from planner.dsconfig import ZERO_KNOBS
+
+    resolved = plan["resolved"]
+    zero = (plan.get("deepspeed_config") or {}).get("zero_optimization") or {}
+    out = {**body, "resources": {**body["resources"], **{f: resolved[f] for f in PINNED},
+                                 "deepspeed": {f: v for f, v in zero.items() if f in ZERO_KNOBS}},
+           "training": {**body["training"], **{f: resolved[f] for f in (
+               "micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")}}}
+    for dotted, value in plan["alternatives"][k - 1]["changes"].items():
+        *parents, leaf = dotted.split(".")
+        node = out
+        for part in parents:
+            node[part] = dict(node.get(part) or {})
+            node = node[part]
+        node[leaf] = value
+    return out
 
 
 #: phase -> (per-card limit in GiB or None, jobs)
@@ -76,6 +105,39 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
                      job("qlora-7b-auto-10g", "qwen2.5-7b", "qlora", AUTO)]),
     "limit24": (24, [job("lora-7b-auto-24g", "qwen2.5-7b", "lora", AUTO),
                      job("full-1.5b-auto-24g", "qwen2.5-1.5b", "full", AUTO)]),
+    # the headline and QLoRA under 10 GiB to the end (short steps), QLoRA's next two alternatives
+    "ranked10": (10, [job("lora-7b-10g-auto", "qwen2.5-7b", "lora", AUTO, accumulation=2)]
+                 + ranked("qlora-7b-10g", "qwen2.5-7b", "qlora", accumulation=2)),
+    # 7B QLoRA under 10 GiB (ZeRO-3 is not QLoRA's): the refusal and its first alternative
+    "qlora-z0": (None, [job("qlora-7b-z0", "qwen2.5-7b", "qlora", ONE_GPU | {"zero_stage": 0}, micro=1,
+                            accumulation=1, checkpointing=True)]),
+    "qlora10": (10, ranked("qlora-7b-10g", "qwen2.5-7b", "qlora", alternatives=1, accumulation=2)),
+    # the search's choice against its next two alternatives, each run alone under the card limit
+    "ranked24": (24, ranked("lora-7b-24g", "qwen2.5-7b", "lora", accumulation=4)),
+    "ranked40": (40, ranked("full-1.5b-40g", "qwen2.5-1.5b", "full", accumulation=4)),
+    # two 7B LoRA jobs of ranked24's choice that the leases pack onto the one card at once
+    "pack7b": (None, [
+        job(f"lora-7b-z0-{i}", "qwen2.5-7b", "lora",
+            {"num_gpus": 1, "zero_stage": 0, "offload_optimizer": "none", "offload_param": "none"},
+            micro=2, accumulation=2, checkpointing=True) for i in (1, 2)]),
+    # configurations no record had: QLoRA, 8-bit AdamW and Lion, Gemma 2 at 4096, an 8B model
+    "heldout2": (None, [
+        job("qlora-1.5b-z0-mb4-s2048", "qwen2.5-1.5b", "qlora", ONE_GPU | {"zero_stage": 0}, seq_len=2048,
+            micro=4, accumulation=1, checkpointing=True),
+        job("lora-llama3b-z1-adamw8bit", "llama-3.2-3b", "lora", ONE_GPU | {"zero_stage": 1}, seq_len=1024,
+            micro=4, accumulation=1, checkpointing=True, optimizer="adamw_8bit"),
+        job("full-1.5b-z2-lion", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 2}, seq_len=1024, micro=4,
+            accumulation=1, checkpointing=True, optimizer="lion"),
+        job("lora-gemma2-2b-z3-s4096", "gemma-2-2b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
+            micro=2, accumulation=1, checkpointing=True),
+    ]),
+    "heldout3": (None, [
+        job("qlora-mistral7b-z0-s2048", "mistral-7b-v0.3", "qlora", ONE_GPU | {"zero_stage": 0},
+            seq_len=2048, micro=1, accumulation=1, checkpointing=True),
+        job("lora-llama8b-z2-optoff-s2048", "llama-3.1-8b", "lora",
+            ONE_GPU | {"zero_stage": 2, "offload_optimizer": "cpu"}, seq_len=2048, micro=2, accumulation=1,
+            checkpointing=True),
+    ]),
     # LoRA with the parameters offloaded on one GPU, across vocabularies, tying and sequences
     "offload1": (None, [
         job("lora-7b-z3-offload-s2048", "qwen2.5-7b", "lora", FIELD_REPORT, seq_len=2048, micro=1,
@@ -89,7 +151,7 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
     ]),
 }
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
-SEQUENTIAL = {"offload1"}
+SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
@@ -254,12 +316,20 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
         out["gpus"] = client.get("/v1/gpus").json()
         ids: dict[str, str] = {}
         for spec in jobs:
+            spec = dict(spec)
+            alternative = spec.pop("alternative", 0)
             body = {**spec, "model": {"path": str(models[spec["model"]])},
                     "dataset": {"path": str(data), "format": "alpaca", "eval_fraction": 0.0},
                     "eval": {"when": "none"}}
             body["training"] = {**spec["training"], "max_steps": steps, "epochs": None, "save_steps": 10_000,
                                 "precision": "bf16",
                                 "learning_rate": 2e-4 if spec["method"] != "full" else 2e-5}
+            if alternative:
+                auto = client.post("/v1/plans", json={k: v for k, v in body.items() if k != "dataset"}).json()
+                body = pin_alternative(body, auto, alternative)
+                spec = {**spec, "resources": body["resources"], "training": {
+                    **spec["training"], **{f: body["training"][f] for f in (
+                        "micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing")}}}
             resp = client.post("/v1/jobs", json=body)
             entry: dict[str, Any] = {"submit_status": resp.status_code, "spec": record_spec(spec, body)}
             if resp.status_code == 201:
@@ -284,6 +354,32 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
             serve.wait(timeout=60)
         except subprocess.TimeoutExpired:
             serve.kill()
+    return out
+
+
+def box_hardware() -> dict[str, Any]:
+    """The GPU, host and library versions a report's jobs ran on."""
+    import importlib.metadata as md
+    import platform
+
+    import psutil
+    import pynvml
+
+    pynvml.nvmlInit()
+    card = pynvml.nvmlDeviceGetHandleByIndex(0)
+    name = pynvml.nvmlDeviceGetName(card)
+    out: dict[str, Any] = {
+        "gpu_name": name.decode() if isinstance(name, bytes) else name,
+        "gpu_memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(card).total),
+        "gpu_count": int(pynvml.nvmlDeviceGetCount()), "cpu_count": os.cpu_count(),
+        "host_memory_gib": round(psutil.virtual_memory().total / GIB),
+        "driver": pynvml.nvmlSystemGetDriverVersion(), "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d")}
+    for package in ("torch", "transformers", "peft", "deepspeed", "bitsandbytes"):
+        try:
+            out[package] = md.version(package)
+        except md.PackageNotFoundError:
+            out[package] = None
     return out
 
 
@@ -314,8 +410,8 @@ def main() -> int:
     wanted = {j["model"] for p in args.phase for j in PHASES[p][1]}
     models = {m: build_model(m, args.work / "models" / m, "cuda") for m in sorted(wanted)}
     data = build_dataset(args.work / "data" / "pattern.jsonl", rows=400, words=2500)
-    report: dict[str, Any] = {"setup_seconds": round(time.monotonic() - t0, 1), "steps": args.steps,
-                              "phases": {}}
+    report: dict[str, Any] = {"hardware": box_hardware(), "setup_seconds": round(time.monotonic() - t0, 1),
+                              "steps": args.steps, "phases": {}}
     for phase in args.phase:
         report["phases"][phase] = run_phase(phase, models, data, args.work, args.steps, args.timeout)
         args.out.write_text(json.dumps(report, indent=1, default=str))  # kept if a later phase is cut off

@@ -67,7 +67,10 @@ TINY = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_si
 
 
 def build_model(name: str, dest: Path, device: str) -> Path:
-    """A random-init model of ``name``'s published architecture, saved in bf16 like a real one."""
+    """A random-init model of ``name``'s published architecture, saved in bf16 like a real one
+    (kept where an earlier run on this machine saved it)."""
+    if (dest / "config.json").exists() and any(dest.glob("*.safetensors")):
+        return dest
     import torch
     from transformers import AutoModelForCausalLM
 

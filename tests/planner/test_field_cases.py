@@ -31,7 +31,7 @@ MISSES = {(m["job"], m["metric"]): m
 def _params(metric: str) -> list[Any]:
     params = []
     for ident, job, box in JOBS:
-        miss = MISSES.get((ident.rsplit(":", 1)[1], metric))
+        miss = MISSES.get((ident, metric))
         marks = [pytest.mark.xfail(strict=True, reason=miss["why"])] if miss else []
         params.append(pytest.param(job, box, id=ident, marks=marks))
     return params
