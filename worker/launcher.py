@@ -205,7 +205,35 @@ def write_run_file(directory: Path, run: dict[str, Any]) -> Path:
 # --------------------------------------------------------------------------- environment
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: ports the rendezvous takes from, just below the kernel's ephemeral range
+_RENDEZVOUS_PORTS = 8192
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def free_port() -> int:
+    """A port for a run's rendezvous (``MASTER_PORT``) that is free now and that the kernel will not
+    hand to some other process's outgoing connection before the run binds it: one below the
+    ephemeral range, where only explicit binds land (a port bound and released in the ephemeral
+    range was taken by another job's connections in between: EADDRINUSE at init_process_group)."""
+    low = _ephemeral_low()
+    if low is not None and low > _RENDEZVOUS_PORTS + 1024:
+        first = low - _RENDEZVOUS_PORTS
+        start = int.from_bytes(os.urandom(2), "big") % _RENDEZVOUS_PORTS
+        for i in range(_RENDEZVOUS_PORTS):
+            port = first + (start + i) % _RENDEZVOUS_PORTS
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

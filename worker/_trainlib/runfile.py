@@ -194,11 +194,28 @@ def classify(exc: BaseException) -> JobFailure:
         return JobFailure(ERROR, "cuda_oom", f"CUDA out of memory: {exc}")
     if isinstance(exc, MemoryError) or _cpu_allocator_failed(exc):
         return JobFailure(ERROR, "host_oom", f"host out of memory: {exc}")
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return JobFailure(ERROR, "disk_full", f"disk full: {exc}")
+    if _disk_full(exc):
+        return JobFailure(ERROR, "disk_full", f"disk full: {type(exc).__name__}: {exc}")
     if isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower() and "CUDA" in str(exc):
         return JobFailure(ERROR, "cuda_oom", f"CUDA out of memory: {exc}")
     return JobFailure(ERROR, "error", f"{type(exc).__name__}: {exc}")
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """ENOSPC or EDQUOT anywhere in the exception's chain, or in the text of a library's own error
+    that carries the OS error (safetensors' Rust writer: "No space left on device (os error 28)")."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL:
+            return True
+        text = str(seen)
+        if any(f"(os error {code})" in text or os.strerror(code) in text for code in _DISK_FULL):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _cpu_allocator_failed(exc: BaseException) -> bool:
