@@ -21,9 +21,10 @@ from planner.errors import PlanError
 from planner.evaluation import EvalMemory, estimate_eval
 from planner.facts import model_facts
 from planner.lora import resolve_lora
-from planner.memory import ModelFacts
+from planner.memory import ModelFacts, moment_bytes_per_param
 from planner.models import (
     Alternative,
+    DiskUsage,
     EvalEstimate,
     HostMemory,
     ModelSummary,
@@ -227,8 +228,8 @@ def _check_explicit(
     par: tuple[Device, ...] | None,
 ) -> None:
     if p.spec.method.value == "qlora" and stages and stages[0] == 3:
-        raise PlanError("resources.zero_stage", "QLoRA runs under ZeRO stage 0, 1 or 2: the trainer loads its "
-                        "4-bit weights whole onto each GPU, which ZeRO-3 does not partition")
+        raise PlanError("resources.zero_stage", "QLoRA runs under ZeRO stage 0, 1 or 2: the trainer loads "
+                        "its 4-bit weights whole onto each GPU, which ZeRO-3 does not partition")
     if par and par[0] != "none" and stages and stages[0] != 3:
         raise PlanError("resources.offload_param", "parameter offload needs resources.zero_stage 3")
     if opt and opt[0] != "none" and stages and stages[0] == 0:
@@ -421,6 +422,29 @@ def _steps(spec: JobSpec, global_batch: int) -> int | None:
     return max(1, math.ceil(train_rows / global_batch * spec.training.epochs))
 
 
+def _disk(p: Prepared, s: Setup, steps: int | None) -> DiskUsage:
+    """The checkpoints' bytes against the free disk of the job folder; refused when they cannot fit."""
+    t = p.spec.training
+    w = 4 if s.precision == "fp32" else 2
+    trainable = p.facts.trainable_parameters
+    saved = p.arch.num_parameters if s.method == "full" else trainable
+    one = int(trainable * (4 + moment_bytes_per_param(s.optimizer)) + 2 * saved * w)
+    saves = math.ceil(steps / t.save_steps) if steps is not None else None
+    limit = t.save_total_limit
+    peak = (min(saves, limit + 1) if saves is not None else limit + 1) if limit is not None else saves
+    total = one * (peak if peak is not None else 1)
+    free = p.hardware.disk_free_bytes
+    if free is not None and total > free:
+        fix = ("a smaller training.save_total_limit, fewer saves (a larger training.save_steps) or "
+               "free space" if (peak or 1) > 1 else "free space on the disk of the job folder")
+        raise PlanError("training.save_total_limit",
+                        f"the checkpoints need {total / GIB:.1f} GiB on disk ({peak or 1} x "
+                        f"{one / GIB:.1f} GiB), the disk of the job folder has {free / GIB:.1f} GiB free: "
+                        f"{fix}", code="insufficient_disk")
+    return DiskUsage(checkpoint_bytes=one, checkpoints_at_peak=peak, total_bytes=total, free_bytes=free,
+                     fits=free is None or total <= free)
+
+
 def _per_gpu(c: Candidate, capacity: int) -> PerGpuMemory:
     m, a = c.memory, c.memory.activations
     return PerGpuMemory(
@@ -570,6 +594,7 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
     if not chosen.fits and not alternatives:
         warnings.append(_nothing_fits(p, chosen))
     steps = _steps(p.spec, s.global_batch)
+    disk = _disk(p, s, steps)
     ds = build_deepspeed_config(
         s,
         p.pinned,
@@ -590,6 +615,7 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
             capacity_bytes=p.bounds.nvme_bytes,
             fits=chosen.memory.nvme_bytes <= p.bounds.nvme_bytes,
         ),
+        disk=disk,
         eval=_eval(p, e, chosen.memory.total_bytes),
         estimated_step_seconds=round(chosen.speed.step_seconds, 6),
         estimated_tokens_per_second=round(chosen.speed.tokens_per_second, 3),

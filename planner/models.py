@@ -132,6 +132,20 @@ class NvmeUsage(_Out):
     fits: bool
 
 
+class DiskUsage(_Out):
+    """Checkpoints on the disk of the job folder: each as the trainer writes it (the weights, and
+    DeepSpeed's engine state: model states, fp32 master and optimizer moments of what trains), times
+    the most kept at once (``training.save_total_limit``, plus the one being written)."""
+
+    checkpoint_bytes: int
+    #: the most complete checkpoints on disk at once; None where the number of steps is unknown
+    #: and no save_total_limit bounds them
+    checkpoints_at_peak: int | None
+    total_bytes: int
+    free_bytes: int | None
+    fits: bool
+
+
 class EvalEstimate(_Out):
     """The separate evaluation process: the model in inference plus generation's KV cache."""
 
@@ -175,6 +189,7 @@ class Plan(_Out):
     per_gpu: PerGpuMemory
     host: HostMemory
     nvme: NvmeUsage
+    disk: DiskUsage | None = None
     eval: EvalEstimate
     estimated_step_seconds: float
     estimated_tokens_per_second: float

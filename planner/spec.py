@@ -119,6 +119,8 @@ class TrainingSpec(_Strict):
     #: None: what transformers picks for the model (SDPA, or eager where it has no SDPA path)
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] | None = None
     save_steps: Annotated[int, Field(ge=1, le=10_000_000)] = 200
+    #: the newest checkpoints kept on disk (older ones are removed after each save); None keeps all
+    save_total_limit: Annotated[int, Field(ge=1, le=10_000)] | None = 2
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = 42
 
 
@@ -142,6 +144,9 @@ class HardwareSpec(_Strict):
     gpu_bf16_tflops: Annotated[float, Field(gt=0, le=100_000)] | None = None
     pcie_gbps: Annotated[float, Field(gt=0, le=10_000)] | None = None
     nvme_path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    #: Free bytes of the disk where job folders (and their checkpoints) live; None: not checked.
+    #: The service fills it in for its own box.
+    disk_free_bytes: Annotated[int, Field(ge=0, le=2**60)] | None = None
     #: Measured over planned step time on this box, learned from its finished jobs; multiplies every
     #: step-time figure of the plan. The service fills it in for its own box.
     step_time_factor: Annotated[float, Field(ge=0.01, le=1000)] | None = None

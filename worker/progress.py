@@ -134,6 +134,8 @@ class ProgressRecorder:
             self._record_checkpoint(record, final=False)
             self.checkpoints.append(record)
             self._fresh.append(record)
+        elif kind == "checkpoints_removed":
+            self._record_removed(record)
         elif kind == "done":
             self.done = record
 
@@ -177,6 +179,17 @@ class ProgressRecorder:
             s.add(JobEvent(job_id=self.job_id, kind="checkpoint", actor="worker",
                            message=f"{'final model' if final else 'checkpoint'} at step {step}",
                            data={"step": step, "path": path, "final": final}))
+
+    def _record_removed(self, record: dict[str, Any]) -> None:
+        steps = [int(x) for x in record.get("steps") or []]
+        with session_scope(self.db_url) as s:
+            for row in s.scalars(select(Checkpoint).where(Checkpoint.job_id == self.job_id,
+                                                          Checkpoint.step.in_(steps))):
+                s.delete(row)
+            s.add(JobEvent(job_id=self.job_id, kind="checkpoint", actor="worker",
+                           message=f"removed checkpoints at steps {', '.join(map(str, steps))} "
+                                   f"(training.save_total_limit {record.get('kept')})",
+                           data={"removed_steps": steps, "kept": record.get("kept")}))
 
     def _record_done(self, record: dict[str, Any]) -> None:
         if record.get("_recorded"):

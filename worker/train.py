@@ -310,6 +310,12 @@ class Trainer:
         path = ckpt.save(self.engine, self.tokenizer, self.run.checkpoints_dir, self.step, state,
                          lora=self.lora, is_rank0=self.is_rank0)
         self.progress.emit("checkpoint", step=self.step, path=str(path))
+        keep = self.spec.training.save_total_limit
+        if keep is not None and self.is_rank0:
+            evaluations = self.run.job_dir / "eval" if self.spec.eval.when.value == "steps" else None
+            removed = ckpt.prune(self.run.checkpoints_dir, keep, evaluations)
+            if removed:
+                self.progress.emit("checkpoints_removed", steps=removed, kept=keep)
         return path
 
     def fit(self) -> int:

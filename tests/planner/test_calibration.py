@@ -16,7 +16,8 @@ EVIDENCED = ("measured", "fitted", "count")
 
 
 def test_the_constants_module_is_the_data_file() -> None:
-    names = {n for n in vars(constants) if n.isupper() and not n.startswith("_")} - {"GIB", "CALIBRATION_RESULTS"}
+    names = {n for n in vars(constants) if n.isupper() and not n.startswith("_")}
+    names -= {"GIB", "CALIBRATION_RESULTS"}
     assert names == set(CALIBRATION.constants)
     for name, c in CALIBRATION.constants.items():
         assert getattr(constants, name) == c.value, name
@@ -42,7 +43,8 @@ def test_the_calibration_files_exist_and_every_other_record_is_held_out() -> Non
 
 def test_a_trial_plans_with_other_values_and_restores_them() -> None:
     tiny_spec = {"model": {"config": TINY_CONFIGS["llama"]}, "method": "lora",
-                 "hardware": {"gpu_count": 1, "gpu_memory_bytes": H200_BYTES, "host_memory_bytes": 64 * 2**30}}
+                 "hardware": {"gpu_count": 1, "gpu_memory_bytes": H200_BYTES,
+                              "host_memory_bytes": 64 * 2**30}}
     before = plan(tiny_spec).per_gpu
     with trial(CUDA_CONTEXT_BYTES=2 * constants.CUDA_CONTEXT_BYTES):
         inside = plan(tiny_spec).per_gpu

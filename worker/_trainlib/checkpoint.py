@@ -47,6 +47,31 @@ def latest_complete(root: Path) -> Found | None:
     return best
 
 
+def complete_steps(root: Path) -> list[int]:
+    """Steps of the complete ``step-N`` folders, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for c in root.iterdir()
+                  if (m := _STEP_DIR.match(c.name)) and (c / STATE_FILE).is_file())
+
+
+def prune(root: Path, keep: int, evaluations: Path | None = None) -> list[int]:
+    """Remove all but the newest ``keep`` complete checkpoints (``training.save_total_limit``).
+
+    With evaluations at checkpoints (``evaluations``: the folder of their results, ``step-N.json``),
+    a checkpoint is removed only once it or a newer one has its result: the supervisor evaluates
+    them in order, so one older than an evaluated checkpoint will never be read again."""
+    steps = complete_steps(root)
+    removable = steps[:-keep] if keep > 0 else steps
+    if evaluations is not None:
+        done = [s for s in steps if (evaluations / f"step-{s}.json").is_file()]
+        newest_done = max(done, default=-1)
+        removable = [s for s in removable if s <= newest_done]
+    for step in removable:
+        shutil.rmtree(root / f"step-{step}", ignore_errors=True)
+    return removable
+
+
 def remove_partials(root: Path) -> None:
     """Leftovers of a run killed mid-save are never resumed from; clear them."""
     if root.is_dir():
