@@ -14,17 +14,10 @@ from planner import plan
 from store.db import session_scope
 from store.models import BoxProbe, Gpu
 from tests.worker.factories import GIB
+from tests.worker.probe_boxes import FAKE_BOX
 from tunebox.settings import Settings
 from worker import gpus
 from worker.probe import box_identity, latest_probe, probe_box, probe_key, run_probe
-
-FAKE_BOX = {
-    "gpus": [{"uuid": "GPU-0000-fake", "name": "NVIDIA GeForce RTX 4090"}],
-    "driver": "580.1",
-    "torch": "2.11.0",
-    "deepspeed": "0.19.8",
-    "probe_version": 1,
-}
 
 
 @pytest.fixture
