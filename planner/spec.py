@@ -133,6 +133,10 @@ class ResourcesSpec(_Strict):
     deepspeed: dict[str, Any] = Field(default_factory=dict)
 
 
+#: Where a hardware figure the service fills in came from (the plan's ``hardware`` section).
+FigureSource = Literal["spec", "probe", "setting", "learned", "catalogue"]
+
+
 class HardwareSpec(_Strict):
     gpu_count: Annotated[int, Field(ge=1, le=1024)]
     #: None: the catalogue's figure for ``gpu_name``
@@ -161,9 +165,8 @@ class HardwareSpec(_Strict):
     qlora_unavailable: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
     #: Where each figure above came from, by field name, where it is not the spec's own (the service
     #: fills it in for its box); the plan's ``hardware`` section repeats it for every figure.
-    sources: dict[
-        Annotated[str, Field(max_length=64)], Literal["spec", "probe", "setting", "learned", "catalogue"]
-    ] = Field(default_factory=dict, max_length=32)
+    sources: Annotated[dict[Annotated[str, Field(max_length=64)], FigureSource], Field(max_length=32)] = (
+        Field(default_factory=dict))
 
     @model_validator(mode="after")
     def _memory_known(self) -> HardwareSpec:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from sqlalchemy import select
 
-from planner.spec import HardwareSpec
+from planner.spec import FigureSource, HardwareSpec
 from store.base import utcnow
 from store.models import Gpu, GpuLease, Job
 from store.states import JobStatus
@@ -226,23 +226,25 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
 
     Raises :class:`NoGpuError` where there is no GPU and the settings describe none.
     """
-    host, count, memory, name = _table_box(session)
+    table_host, count, memory, name = _table_box(session)
+    host = table_host or host_name(settings)
     if count == 0:
         local = [g for g in local_inventory(settings) if g.healthy]
-        host, count = host_name(settings), len(local)
+        count = len(local)
         memory = min((g.memory_total_bytes for g in local), default=0)
         name = local[0].name if local else None
     if count == 0 or memory <= 0:
         raise NoGpuError("no healthy GPU on this box; on a machine without GPUs set TUNEBOX_GPU_COUNT "
                          "and TUNEBOX_GPU_MEMORY_BYTES to let the CPU stand in")
     stand_in = name == "cpu"
-    sources: dict[str, str] = {
+    sources: dict[str, FigureSource] = {
         "gpu_memory_bytes": "setting" if stand_in or settings.gpu_memory_limit_bytes else "probe",
         "host_memory_bytes": "setting" if settings.host_memory_bytes else "probe",
         "nvme_bytes": "setting",
     }
     rates = {} if stand_in else probed_rates(session, host)
     sources.update(dict.fromkeys(rates, "probe"))
+    tflops, pcie = rates.get("gpu_bf16_tflops"), rates.get("pcie_gbps")
     step_factor = learned_step_time_factor(session, host)
     if step_factor is not None:
         sources["step_time_factor"] = "learned"
@@ -253,7 +255,8 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
                         host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes,
                         nvme_path=str(settings.nvme_path) if settings.nvme_path else None,
                         step_time_factor=step_factor, host_clock_factor=clock,
-                        nvme_unavailable=nvme_unavailable(settings), sources=sources, **rates)
+                        nvme_unavailable=nvme_unavailable(settings), gpu_bf16_tflops=tflops, pcie_gbps=pcie,
+                        sources=sources)
 
 
 def probed_rates(session: Session, host: str) -> dict[str, float]:

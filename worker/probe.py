@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from importlib import metadata
@@ -294,7 +295,7 @@ def _nccl_bytes(torch: Any, outside_before: int) -> int | None:
     import torch.distributed as dist
 
     with tempfile.TemporaryDirectory() as tmp:
-        store = dist.FileStore(os.path.join(tmp, "store"), 1)
+        store = dist.FileStore(os.path.join(tmp, "store"), 1)  # type: ignore[attr-defined]
         dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
         try:
             x = torch.ones(1024, device="cuda")
@@ -356,7 +357,11 @@ def measure(nvme_dir: str, cpu_adam: bool) -> dict[str, Any]:
     """Every figure this process can measure, and why each missing one is missing."""
     errors: dict[str, str] = {}
     figures: dict[str, Any] = {}
-    for name, part in (("host", lambda: _host_figures(nvme_dir)), ("gpu", lambda: _gpu_figures(errors))):
+    parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("host", lambda: _host_figures(nvme_dir)),
+        ("gpu", lambda: _gpu_figures(errors)),
+    ]
+    for name, part in parts:
         try:
             figures.update(part())
         except Exception as exc:
