@@ -151,3 +151,15 @@ def test_probe_off_stores_nothing(db_url, settings) -> None:
     assert probe_box(settings.model_copy(update={"box_probe": False}), identity=FAKE_BOX) is None
     with session_scope(db_url) as s:
         assert s.scalars(select(BoxProbe)).first() is None
+
+
+def test_the_probe_child_on_a_box_without_cuda_reports_the_host_and_why_the_gpu_is_missing(
+    db_url, settings, tmp_path
+) -> None:
+    outcome = run_probe(settings.model_copy(update={"nvme_path": tmp_path}), {**FAKE_BOX, "gpus": []})
+    assert outcome.status == "ok", outcome.error
+    figures = outcome.figures
+    assert figures["nvme_dir"] == str(tmp_path) and figures["nvme_free_bytes"] > 0
+    assert 0 < figures["host_memory_available_bytes"] <= 2**50
+    assert figures["errors"]["gpu"] == "no CUDA device"
+    assert "matmul_tflops" not in figures and "cpu_adam_elements_per_s" not in figures
