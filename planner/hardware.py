@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Any, Literal
 
@@ -130,6 +130,7 @@ def _by_key() -> dict[str, GpuCard]:
     return {_key(name): card for name, card in gpu_catalogue().items()}
 
 
+@lru_cache(maxsize=256)
 def find_card(name: str | None) -> GpuCard | None:
     """The catalogue entry of a card named as NVML names it; case, spaces, hyphens and the words
     NVIDIA, Tesla and GeForce do not matter. None where the catalogue has no such card."""
