@@ -21,7 +21,7 @@ from api.jobs.router import router as jobs_router
 from api.jobs.service import Enqueue
 from api.jobs.stream import StreamTiming
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware
-from api.ops.metrics import ApiMetrics
+from api.ops.metrics import ApiMetrics, CalibrationCollector, calibration_reader
 from api.ops.router import router as ops_router
 from api.plans.router import router as plans_router
 from api.ratelimit import TokenBuckets
@@ -85,6 +85,7 @@ def create_app(
     state.submit_buckets = TokenBuckets(settings.submit_rate_per_minute)
     state.stream_timing = stream_timing or StreamTiming()
     state.metrics = ApiMetrics(lambda: _job_counts(db.reads))
+    state.metrics.registry.register(CalibrationCollector(calibration_reader(db.reads)))
     install_handlers(app)
     document_problems(app)
     for router in (ops_router, plans_router, jobs_router, datasets_router, gpus_router):

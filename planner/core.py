@@ -11,7 +11,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from planner import constants as C
 from planner.advice import Context, advise, warn
 from planner.arch import Arch, arch_from_config
 from planner.catalogue import lookup
@@ -20,6 +19,7 @@ from planner.dsconfig import PinnedDeepSpeed, build_deepspeed_config, parse_pinn
 from planner.errors import PlanError
 from planner.evaluation import EvalMemory, estimate_eval
 from planner.facts import model_facts
+from planner.hardware import ResolvedHardware, planned_hardware, resolve_hardware
 from planner.lora import resolve_lora
 from planner.memory import ModelFacts, moment_bytes_per_param
 from planner.models import (
@@ -70,6 +70,7 @@ class Prepared:
     bounds: Bounds
     rates: GpuRates
     hardware: HardwareSpec
+    figures: ResolvedHardware
 
 
 def _as_spec(spec: JobSpec | Mapping[str, Any]) -> JobSpec:
@@ -135,11 +136,14 @@ def _fp32_dtype_field(config: Mapping[str, Any], where: str) -> str | None:
 
 def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None = None) -> Prepared:
     spec = _as_spec(spec_in)
-    hw = spec.hardware or hardware
-    if hw is None:
+    given = spec.hardware or hardware
+    if given is None:
         raise PlanError(
             "hardware", "no hardware given: set spec.hardware or plan on a box with a known inventory"
         )
+    figures = resolve_hardware(given, spec.training.precision.value)
+    hw = figures.spec
+    assert hw.gpu_memory_bytes is not None
     config, where, source = load_model_config(spec)
     try:
         arch = arch_from_config(config, where)
@@ -158,14 +162,15 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
     nvme_bytes = 0 if hw.nvme_unavailable else hw.nvme_bytes
     bounds = Bounds(hw.gpu_count, hw.gpu_memory_bytes, hw.host_memory_bytes, nvme_bytes)
     rates = GpuRates(
-        flops=hw.gpu_bf16_tflops * 1e12 if hw.gpu_bf16_tflops else C.DEFAULT_GPU_FLOPS,
-        pcie_bytes_per_s=hw.pcie_gbps * 1e9 if hw.pcie_gbps else C.PCIE_BYTES_PER_S,
-        step_time_factor=hw.step_time_factor or 1.0,
-        host_clock_factor=hw.host_clock_factor or 1.0,
+        flops=figures.gpu_flops.value,
+        pcie_bytes_per_s=figures.pcie_bytes_per_s.value,
+        step_time_factor=figures.step_time_factor.value,
+        host_clock_factor=figures.host_clock_factor.value,
     )
     _refuse_unavailable_nvme(spec, pinned, hw)
     _refuse_what_the_box_cannot_run(spec, hw)
-    return Prepared(spec, arch, facts, source, _fp32_dtype_field(config, where), pinned, bounds, rates, hw)
+    dtype_field = _fp32_dtype_field(config, where)
+    return Prepared(spec, arch, facts, source, dtype_field, pinned, bounds, rates, hw, figures)
 
 
 def _refuse_unavailable_nvme(spec: JobSpec, pinned: PinnedDeepSpeed, hw: HardwareSpec) -> None:
@@ -590,6 +595,15 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
                 message=f"NVMe offload was not considered; it cannot run on this box: {why}",
             )
         )
+    card = p.figures.card
+    if card is not None and card.bf16_tflops is None and s.precision == "bf16":
+        warnings.append(
+            Note(
+                code="no_bf16",
+                field="training.precision",
+                message=f"{card.name} ({card.architecture}) has no bf16 tensor cores: use fp16",
+            )
+        )
     alternatives = _alternatives(p, chosen, found)
     if not chosen.fits and not alternatives:
         warnings.append(_nothing_fits(p, chosen))
@@ -624,6 +638,7 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
         estimated_steps=steps,
         estimated_duration_seconds=round(steps * chosen.speed.step_seconds, 3) if steps is not None else None,
         deepspeed_config=ds,
+        hardware=planned_hardware(p.figures),
         alternatives=alternatives,
         warnings=warnings,
         advice=advise(ctx, chosen.fits),

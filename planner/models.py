@@ -12,12 +12,14 @@ from pydantic import BaseModel, ConfigDict
 __all__ = [
     "Alternative",
     "EvalEstimate",
+    "HardwareFigure",
     "HostMemory",
     "ModelSummary",
     "Note",
     "NvmeUsage",
     "PerGpuMemory",
     "Plan",
+    "PlannedHardware",
     "Resolved",
 ]
 
@@ -180,6 +182,34 @@ class Alternative(_Out):
     reason: str
 
 
+class HardwareFigure(_Out):
+    """One figure of the box a plan ran on, and where it came from: ``spec`` (given in the job's
+    hardware), ``probe`` (measured on the box at start-up), ``setting`` (the service's settings),
+    ``learned`` (from the box's finished jobs), ``catalogue`` (the card's datasheet) or ``default``
+    (the planner's calibration card)."""
+
+    value: float
+    unit: str
+    source: str
+    detail: str | None = None
+
+
+class PlannedHardware(_Out):
+    """The card a plan planned for and each hardware figure it used."""
+
+    gpu_name: str | None  # as the spec or NVML gives it
+    card: str | None  # the catalogue entry it matched
+    card_source: str | None  # that entry's datasheet
+    gpu_count: int
+    gpu_memory_bytes: HardwareFigure
+    gpu_flops: HardwareFigure  # the dense tensor rate the step-time constants scale (FLOP/s)
+    pcie_bytes_per_s: HardwareFigure  # the effective offload rate
+    host_memory_bytes: HardwareFigure
+    nvme_bytes: HardwareFigure
+    step_time_factor: HardwareFigure
+    host_clock_factor: HardwareFigure
+
+
 class Plan(_Out):
     fits: bool
     margin_bytes: int
@@ -201,6 +231,7 @@ class Plan(_Out):
     estimated_steps: int | None
     estimated_duration_seconds: float | None
     deepspeed_config: dict[str, Any]
+    hardware: PlannedHardware | None = None
     alternatives: list[Alternative]
     warnings: list[Note]
     advice: list[Note]

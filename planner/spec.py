@@ -135,9 +135,14 @@ class ResourcesSpec(_Strict):
     deepspeed: dict[str, Any] = Field(default_factory=dict)
 
 
+#: Where a hardware figure the service fills in came from (the plan's ``hardware`` section).
+FigureSource = Literal["spec", "probe", "setting", "learned", "catalogue"]
+
+
 class HardwareSpec(_Strict):
     gpu_count: Annotated[int, Field(ge=1, le=1024)]
-    gpu_memory_bytes: Annotated[int, Field(ge=2**28, le=2**44)]
+    #: None: the catalogue's figure for ``gpu_name``
+    gpu_memory_bytes: Annotated[int, Field(ge=2**28, le=2**44)] | None = None
     host_memory_bytes: Annotated[int, Field(ge=2**28, le=2**50)]
     nvme_bytes: Annotated[int, Field(ge=0, le=2**56)] = 0
     gpu_name: Annotated[str, Field(max_length=128)] | None = None
@@ -163,6 +168,16 @@ class HardwareSpec(_Strict):
     #: Why QLoRA cannot run on this box (no bitsandbytes, or no CUDA for its 4-bit kernels); a
     #: QLoRA spec is then refused with this reason. The service fills it in.
     qlora_unavailable: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
+    #: Where each figure above came from, by field name, where it is not the spec's own (the service
+    #: fills it in for its box); the plan's ``hardware`` section repeats it for every figure.
+    sources: Annotated[dict[Annotated[str, Field(max_length=64)], FigureSource], Field(max_length=32)] = (
+        Field(default_factory=dict))
+
+    @model_validator(mode="after")
+    def _memory_known(self) -> HardwareSpec:
+        if self.gpu_memory_bytes is None and not self.gpu_name:
+            raise ValueError("hardware needs gpu_memory_bytes, or a gpu_name the GPU catalogue knows")
+        return self
 
 
 class EvalSpec(_Strict):

@@ -233,3 +233,21 @@ class GpuLease(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class BoxProbe(Base):
+    """What a worker measured on its box for one set of GPUs, driver, torch and DeepSpeed versions
+    (``worker/probe.py``); a change of any of them is a new row."""
+
+    __tablename__ = "box_probes"
+    __table_args__ = (UniqueConstraint("host", "probe_key", name="uq_box_probes_host_key"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(String(255))
+    probe_key: Mapped[str] = mapped_column(String(64))
+    identity: Mapped[dict[str, Any]] = mapped_column(JSONType)  # GPU UUIDs, driver, torch, DeepSpeed
+    status: Mapped[str] = mapped_column(String(16))  # ok | failed
+    error: Mapped[str | None] = mapped_column(Text)
+    figures: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

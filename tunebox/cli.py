@@ -116,9 +116,22 @@ def _print_warnings(plan: dict[str, Any], out: TextIO) -> None:
         print(f"warning: {note['message']}", file=out)
 
 
+def _print_hardware(plan: dict[str, Any], out: TextIO) -> None:
+    hw = plan.get("hardware")
+    if not hw:
+        return
+    card = hw["card"] or f"{hw['gpu_name'] or 'no named card'} (not in the GPU catalogue)"
+    f, p = hw["gpu_flops"], hw["pcie_bytes_per_s"]
+    print(f"planned for: {card}; memory from {hw['gpu_memory_bytes']['source']}, "
+          f"{f['value'] / 1e12:.0f} TFLOPS from {f['source']}, PCIe {p['value'] / 1e9:.1f} GB/s from "
+          f"{p['source']}, step-time factor {hw['step_time_factor']['value']:.2f} from "
+          f"{hw['step_time_factor']['source']}", file=out)
+
+
 def print_plan(plan: dict[str, Any], out: TextIO) -> None:
     g = plan["per_gpu"]
     _print_fits_and_setup(plan, out)
+    _print_hardware(plan, out)
     terms = ["weights", "gradients", "optimizer_states", "activations", "logits", "zero_buffers",
              "gathered_parameters", "cuda_context", "allocator_slack"]
     parts = ", ".join(f"{t.replace('_', ' ')} {fmt_bytes(g.get(t + '_bytes'))}" for t in terms)
@@ -198,6 +211,44 @@ def cmd_jobs(args: argparse.Namespace, client: Client) -> int:
               f"{_num(p.get('loss'), '.4f'):>8}  {job['created_at'][:19]:<20} {job['name']}")
     if page.get("next_after"):
         print(f"(more: --limit {args.limit * 2})")
+    return 0
+
+
+def _probe_line(box: dict[str, Any]) -> str:
+    if box["status"] != "ok":
+        return (f"probe of {box['host']}: failed ({box['error']}); plans use the GPU catalogue, "
+                "then the settings")
+    f = box["figures"]
+    parts = [f"{label} {_num(f.get(key), fmt)}{unit}" for label, key, fmt, unit in (
+        ("matmul", "matmul_tflops", ".1f", " TFLOPS"), ("h2d", "h2d_pinned_gbps", ".1f", " GB/s"),
+        ("d2h", "d2h_pinned_gbps", ".1f", " GB/s"), ("cpu adam", "cpu_adam_elements_per_s", ".3g", "/s"))
+        if f.get(key) is not None]
+    if f.get("cuda_context_bytes") is not None:
+        parts.append(f"context {fmt_bytes(f['cuda_context_bytes'])}")
+    if f.get("nccl_bytes") is not None:
+        parts.append(f"nccl {fmt_bytes(f['nccl_bytes'])}")
+    if f.get("host_memory_available_bytes") is not None:
+        parts.append(f"host free {fmt_bytes(f['host_memory_available_bytes'])}")
+    if f.get("nvme_free_bytes") is not None:
+        parts.append(f"disk free {fmt_bytes(f['nvme_free_bytes'])} at {f.get('nvme_dir')}")
+    missing = "; ".join(f"{k}: {v}" for k, v in (f.get("errors") or {}).items())
+    line = f"probe of {box['host']} ({box['updated_at'][:19]}): {', '.join(parts) or 'no figures'}"
+    return line + (f" [not measured: {missing}]" if missing else "")
+
+
+def cmd_gpus(args: argparse.Namespace, client: Client) -> int:
+    data = client.gpus()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{'HOST':<16} {'#':>2} {'NAME':<28} {'TOTAL':>10} {'UNLEASED':>10} {'LEASES':>6}  HEALTH")
+    for g in data["items"]:
+        health = "ok" if g["healthy"] else f"out: {g['health_reason']}"
+        print(f"{g['host'][:16]:<16} {g['index']:>2} {g['name'][:28]:<28} "
+              f"{fmt_bytes(g['memory_total_bytes']):>10} {fmt_bytes(g['memory_unleased_bytes']):>10} "
+              f"{len(g['leases']):>6}  {health}")
+    for box in data.get("boxes", []):
+        print(_probe_line(box))
     return 0
 
 
@@ -445,6 +496,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--tail", type=int, help="only the last N lines")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.set_defaults(client_command=cmd_logs)
+
+    p = sub.add_parser("gpus", help="the GPUs, their leases and each box's probe")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(client_command=cmd_gpus)
 
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("id")

@@ -83,6 +83,12 @@ class Client:
     def job(self, job_id: str) -> dict[str, Any]:
         return dict(self._request("GET", f"/v1/jobs/{job_id}"))
 
+    def gpus(self) -> dict[str, Any]:
+        return self._request("GET", "/v1/gpus")  # type: ignore[no-any-return]
+
+    def calibration(self) -> dict[str, Any]:
+        return self._request("GET", "/v1/calibration")  # type: ignore[no-any-return]
+
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
 

@@ -87,6 +87,15 @@ class Settings(BaseSettings):
     host_probe_max_age_s: Annotated[float, Field(gt=0, description="Probe the host's clock again, in "
                                                  "the background, once its figure is this old: the same "
                                                  "box's host speed moves from minute to minute.")] = 600.0
+    box_probe: Annotated[bool, Field(description="Measure this box's GPUs and host once per GPU, driver, "
+                                     "torch and DeepSpeed version (a child process at worker start: "
+                                     "CUDA context, matmul rate, PCIe copies, CPU Adam rate, free RAM "
+                                     "and disk); plans for the box use its figures.")] = True
+    box_probe_timeout_s: Annotated[float, Field(gt=0, description="Seconds the box probe may run; past "
+                                                "them it is stopped and plans use the GPU catalogue, "
+                                                "then the settings.")] = 300.0
+    box_probe_module: Annotated[str, Field(description="Python module run as the box probe "
+                                           "(`python -m MODULE --nvme-dir DIR`).")] = "worker.probe"
     lease_ttl_s: Annotated[int, Field(ge=5, description="A GPU lease expires this long after its "
                                       "last heartbeat.")] = 120
     cancel_grace_s: Annotated[float, Field(ge=0, description="Seconds between SIGTERM and SIGKILL "

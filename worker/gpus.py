@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 from sqlalchemy import select
 
-from planner.spec import HardwareSpec
+from planner.spec import FigureSource, HardwareSpec
 from store.base import utcnow
 from store.models import Gpu, GpuLease, Job
 from store.states import JobStatus
@@ -220,23 +220,61 @@ def _copy_info(row: Gpu, info: GpuInfo, now: datetime) -> None:
 
 
 def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
-    """The box jobs are planned against: healthy GPUs from the table, else this host's inventory.
+    """The box jobs are planned against: healthy GPUs from the table, else this host's inventory;
+    its card's rate and PCIe link from the box probe where it measured them (the planner falls back
+    to the GPU catalogue, then its defaults); each figure's source named in ``sources``.
 
     Raises :class:`NoGpuError` where there is no GPU and the settings describe none.
     """
-    count, memory = _table_box(session)
+    table_host, count, memory, name = _table_box(session)
+    host = table_host or host_name(settings)
     if count == 0:
         local = [g for g in local_inventory(settings) if g.healthy]
-        count, memory = len(local), min((g.memory_total_bytes for g in local), default=0)
+        count = len(local)
+        memory = min((g.memory_total_bytes for g in local), default=0)
+        name = local[0].name if local else None
     if count == 0 or memory <= 0:
         raise NoGpuError("no healthy GPU on this box; on a machine without GPUs set TUNEBOX_GPU_COUNT "
                          "and TUNEBOX_GPU_MEMORY_BYTES to let the CPU stand in")
-    return HardwareSpec(gpu_count=count, gpu_memory_bytes=memory,
+    stand_in = name == "cpu"
+    sources: dict[str, FigureSource] = {
+        "gpu_memory_bytes": "setting" if stand_in or settings.gpu_memory_limit_bytes else "probe",
+        "host_memory_bytes": "setting" if settings.host_memory_bytes else "probe",
+        "nvme_bytes": "setting",
+    }
+    rates = {} if stand_in else probed_rates(session, host)
+    sources.update(dict.fromkeys(rates, "probe"))
+    tflops, pcie = rates.get("gpu_bf16_tflops"), rates.get("pcie_gbps")
+    step_factor = learned_step_time_factor(session, host)
+    if step_factor is not None:
+        sources["step_time_factor"] = "learned"
+    clock = box_host_clock(settings)
+    if clock is not None:
+        sources["host_clock_factor"] = "setting" if settings.host_clock_factor is not None else "probe"
+    return HardwareSpec(gpu_count=count, gpu_memory_bytes=memory, gpu_name=None if stand_in else name,
                         host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes,
                         nvme_path=str(settings.nvme_path) if settings.nvme_path else None,
-                        step_time_factor=learned_step_time_factor(session),
-                        host_clock_factor=box_host_clock(settings),
-                        nvme_unavailable=nvme_unavailable(settings))
+                        step_time_factor=step_factor, host_clock_factor=clock,
+                        nvme_unavailable=nvme_unavailable(settings), gpu_bf16_tflops=tflops, pcie_gbps=pcie,
+                        sources=sources)
+
+
+def probed_rates(session: Session, host: str) -> dict[str, float]:
+    """``gpu_bf16_tflops`` and ``pcie_gbps`` of ``host`` from its latest successful box probe, in the
+    planner's terms (planner/hardware.py); empty where it has none."""
+    from planner.hardware import pcie_bytes_per_s_from_probe, tflops_from_probe
+    from worker.probe import latest_probe
+
+    probe = latest_probe(session, host)
+    if probe is None or probe.status != "ok":
+        return {}
+    rates: dict[str, float] = {}
+    matmul, h2d = probe.figures.get("matmul_tflops"), probe.figures.get("h2d_pinned_gbps")
+    if isinstance(matmul, int | float) and (tflops := tflops_from_probe(float(matmul))) is not None:
+        rates["gpu_bf16_tflops"] = round(tflops, 3)
+    if isinstance(h2d, int | float) and (pcie := pcie_bytes_per_s_from_probe(float(h2d))) is not None:
+        rates["pcie_gbps"] = round(pcie / 1e9, 3)
+    return rates
 
 
 def box_host_clock(settings: Settings) -> float | None:
@@ -277,18 +315,21 @@ STEP_TIME_MIN_JOBS = 3
 STEP_TIME_FACTOR_BOUNDS = (0.1, 100.0)
 
 
-def learned_step_time_factor(session: Session) -> float | None:
-    """Measured over planned step time on this box: the median over its latest succeeded jobs of
-    planned tokens/s over measured tokens/s, each times the factor its own plan already carried.
-    None until enough jobs have finished."""
+def learned_step_time_factor(session: Session, host: str | None = None) -> float | None:
+    """Measured over planned step time on this box (``host``; every box where None): the median over
+    its latest succeeded jobs of planned tokens/s over measured tokens/s, each times the factor its
+    own plan already carried. None until enough jobs have finished."""
     # the two figures, not the whole plans: this runs on every plan and submission
-    rows = session.execute(
+    query = (
         select(Job.plan["estimated_tokens_per_second"].as_float(), Job.plan["step_time_factor"].as_float(),
                Job.tokens_per_second)
         .where(Job.status == JobStatus.SUCCEEDED, Job.tokens_per_second > 0)
         .order_by(Job.finished_at.desc())
         .limit(STEP_TIME_JOBS)
-    ).all()
+    )
+    if host is not None:
+        query = query.where(Job.worker_host == host)
+    rows = session.execute(query).all()
     ratios = [planned * (carried or 1.0) / measured for planned, carried, measured in rows
               if planned is not None and planned > 0]
     if len(ratios) < STEP_TIME_MIN_JOBS:
@@ -298,15 +339,18 @@ def learned_step_time_factor(session: Session) -> float | None:
     return round(min(high, max(low, factor)), 4)
 
 
-def _table_box(session: Session) -> tuple[int, int]:
-    """(count, smallest memory) of the healthy GPUs of the host with the most; a job runs on one host."""
-    by_host: dict[str, list[int]] = {}
-    for host, total in session.execute(select(Gpu.host, Gpu.memory_total_bytes).where(Gpu.healthy)):
-        by_host.setdefault(host, []).append(int(total))
+def _table_box(session: Session) -> tuple[str | None, int, int, str | None]:
+    """(host, count, smallest memory, card name) of the healthy GPUs of the host with the most; a job
+    runs on one host."""
+    by_host: dict[str, list[tuple[int, str]]] = {}
+    rows = session.execute(select(Gpu.host, Gpu.memory_total_bytes, Gpu.name).where(Gpu.healthy))
+    for host, total, name in rows:
+        by_host.setdefault(host, []).append((int(total), name))
     if not by_host:
-        return 0, 0
-    best = max(by_host.values(), key=len)
-    return len(best), min(best)
+        return None, 0, 0, None
+    host, best = max(by_host.items(), key=lambda item: len(item[1]))
+    smallest = min(best)
+    return host, len(best), smallest[0], smallest[1]
 
 
 class NoGpuError(RuntimeError):

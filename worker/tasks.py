@@ -30,6 +30,7 @@ from worker.celery_app import get_celery
 from worker.dispatch import RUN_JOB_TASK
 from worker.gpus import host_name, sync_inventory
 from worker.leasing import Grant
+from worker.probe import probe_box
 from worker.reconcile import reconcile_once
 from worker.supervise import JobRun
 
@@ -133,6 +134,9 @@ def _start_housekeeping(**_: Any) -> None:
     keeper = Housekeeping(settings)
     keeper.sync()  # jobs can only be placed once this host's GPUs are known
     keeper.start()
+    # plans use the catalogue and the settings until the probe has stored its figures
+    threading.Thread(target=Housekeeping._safely, args=(lambda: probe_box(settings),),
+                     name="tunebox-box-probe", daemon=True).start()
     _housekeeping = keeper
 
 

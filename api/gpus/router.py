@@ -1,20 +1,31 @@
-"""``GET /v1/gpus``: every known GPU, its live leases, what is left, and why a card is out."""
+"""``GET /v1/gpus``: every known GPU, its live leases, what is left, why a card is out, and what each
+box's probe measured; ``GET /v1/calibration``: each box's plans against what its jobs measured."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from api.deps import CurrentUser, SessionDep, SettingsDep
+from worker.calibration import CalibrationReport, calibration
 from worker.gpus import GpuStatus, list_gpus
+from worker.probe import BoxProbeStatus, list_box_probes
 
-router = APIRouter(prefix="/v1/gpus", tags=["gpus"])
+router = APIRouter(tags=["gpus"])
 
 
 class GpuList(BaseModel):
     items: list[GpuStatus]
+    #: each box's latest probe and the figures plans for it take from it
+    boxes: list[BoxProbeStatus]
 
 
-@router.get("", summary="GPU inventory")
+@router.get("/v1/gpus", summary="GPU inventory")
 def gpus(session: SessionDep, settings: SettingsDep, _user: CurrentUser) -> GpuList:
-    return GpuList(items=list_gpus(session, settings))
+    return GpuList(items=list_gpus(session, settings), boxes=list_box_probes(session))
+
+
+@router.get("/v1/calibration", summary="Planned against measured, per box")
+def box_calibration(session: SessionDep, _user: CurrentUser,
+                    host: str | None = Query(default=None, max_length=255)) -> CalibrationReport:
+    return calibration(session, host)

@@ -7,8 +7,10 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from sqlalchemy.orm import Session, sessionmaker
 
 from store.states import JobStatus
+from worker.calibration import CalibrationReport, calibration
 
 
 class ApiMetrics:
@@ -43,3 +45,51 @@ class _JobsCollector(Collector):
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
+
+
+class CalibrationCollector(Collector):
+    """Each box's planned-against-measured ratios (worker/calibration.py), read at scrape."""
+
+    def __init__(self, report: Callable[[], CalibrationReport]) -> None:
+        self._report = report
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            boxes = self._report().boxes
+        except Exception:  # as above: a scrape never fails on the database
+            return
+        jobs = GaugeMetricFamily("tunebox_calibration_jobs", "Succeeded jobs a box's calibration reads",
+                                 labels=["host"])
+        factor = GaugeMetricFamily("tunebox_calibration_step_time_factor",
+                                   "Step-time factor plans for a box apply (learned from its jobs)",
+                                   labels=["host"])
+        ratios = {
+            name: GaugeMetricFamily(f"tunebox_calibration_{name}_ratio", text, labels=["host", "stat"])
+            for name, text in (("step_time", "Measured over planned step time of a box's jobs"),
+                               ("gpu_peak", "Measured over planned GPU peak of a box's jobs"),
+                               ("host_peak", "Measured over planned host RSS peak of a box's jobs"))
+        }
+        for box in boxes:
+            jobs.add_metric([box.host], box.jobs)
+            if box.step_time_factor is not None:
+                factor.add_metric([box.host], box.step_time_factor)
+            for name, spread in (("step_time", box.step_time), ("gpu_peak", box.gpu_peak),
+                                 ("host_peak", box.host_peak)):
+                for stat in ("median", "low", "high", "median_abs_error"):
+                    value = getattr(spread, stat)
+                    if value is not None:
+                        ratios[name].add_metric([box.host, stat], value)
+        yield jobs
+        yield factor
+        yield from ratios.values()
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+def calibration_reader(sessions: sessionmaker[Session]) -> Callable[[], CalibrationReport]:
+    def read() -> CalibrationReport:
+        with sessions() as session:
+            return calibration(session)
+
+    return read

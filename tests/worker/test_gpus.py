@@ -113,35 +113,42 @@ def test_list_gpus_before_any_worker_reported(db_url, settings):
 
 
 def _finished(s, owner, planned_tps: float | None, measured_tps: float | None, *, age_s: float,
-              status: JobStatus = JobStatus.SUCCEEDED, factor: float | None = None) -> None:
+              status: JobStatus = JobStatus.SUCCEEDED, factor: float | None = None,
+              host: str | None = None) -> None:
     plan = job_plan()
     if planned_tps is not None:
         plan["estimated_tokens_per_second"] = planned_tps
     if factor is not None:
         plan["step_time_factor"] = factor
     make_job(s, owner, plan=plan, status=status, tokens_per_second=measured_tps,
-             finished_at=utcnow() - timedelta(seconds=age_s))
+             finished_at=utcnow() - timedelta(seconds=age_s), worker_host=host)
 
 
 def test_box_learns_its_step_time_factor_from_its_latest_succeeded_jobs(db_url, settings):
     with session_scope(db_url) as s:
         s.execute(delete(Job))
         owner = make_user(s, "speed")
-        _finished(s, owner, 1000.0, 800.0, age_s=50)  # 1.25
-        _finished(s, owner, 1000.0, 400.0, age_s=40)  # 2.5
+        box = settings.worker_host
+        _finished(s, owner, 1000.0, 800.0, age_s=50, host=box)  # 1.25
+        _finished(s, owner, 1000.0, 400.0, age_s=40, host=box)  # 2.5
     with session_scope(db_url) as s:  # two jobs are too few to say anything
         assert gpus.box_hardware(s, settings).step_time_factor is None
     with session_scope(db_url) as s:
         owner = make_user(s, "speed-2")
+        box = settings.worker_host
+        # another box's jobs say nothing about this one
+        for i in range(gpus.STEP_TIME_MIN_JOBS):
+            _finished(s, owner, 1000.0, 100.0, age_s=35 + i, host="another-box")
         # planned with a factor of 2 already: the box is 2 x 600 / 500 slower than the raw model
-        _finished(s, owner, 600.0, 500.0, age_s=30, factor=2.0)  # 600 x 2 / 500 = 2.4
+        _finished(s, owner, 600.0, 500.0, age_s=30, factor=2.0, host=box)  # 600 x 2 / 500 = 2.4
         # ignored: failed, no measured rate, or a plan without speed figures
-        _finished(s, owner, 1000.0, 10.0, age_s=20, status=JobStatus.FAILED)
-        _finished(s, owner, 1000.0, None, age_s=10)
-        _finished(s, owner, None, 10.0, age_s=5)
+        _finished(s, owner, 1000.0, 10.0, age_s=20, status=JobStatus.FAILED, host=box)
+        _finished(s, owner, 1000.0, None, age_s=10, host=box)
+        _finished(s, owner, None, 10.0, age_s=5, host=box)
     with session_scope(db_url) as s:
         hw = gpus.box_hardware(s, settings)
     assert hw.step_time_factor == pytest.approx(2.4)  # median of 1.25, 2.4, 2.5
+    assert hw.sources["step_time_factor"] == "learned"
     with session_scope(db_url) as s:  # only the latest STEP_TIME_JOBS count
         owner = make_user(s, "speed-3")
         for i in range(gpus.STEP_TIME_JOBS):

@@ -1,0 +1,219 @@
+"""NVMe offload through the service, against the same jobs with CPU offload.
+
+Unpacks libaio (``bench/libaio.py``) so DeepSpeed's async I/O op builds, starts ``tunebox serve``
+on its embedded default with ``TUNEBOX_NVME_BYTES``/``TUNEBOX_NVME_PATH`` set, and runs, one job at
+a time, the pairs asked for:
+
+- ``lora7b``: LoRA on a random-init Qwen2.5-7B, ZeRO-3 with the parameters on NVMe (and the
+  optimizer on the CPU), then the same job with both on the CPU;
+- ``full3b``: full fine-tuning of a random-init Qwen2.5-3B, ZeRO-3 with the optimizer on NVMe, then
+  with the optimizer on the CPU.
+
+For each job: status history, the GPU and host peaks and the NVMe bytes against the plan (the swap
+folder's size, sampled while it runs), steady tokens/s, and the NVMe run's tokens/s over the CPU
+run's. Writes one JSON report after every job. One pair fits one device call; the work folder
+(models, swap, database) stays between calls on a warm machine.
+
+    python3 -m bench.nvme_offload --out $OUT/nvme-lora7b.json --pairs lora7b
+    python3 -m bench.nvme_offload --out $OUT/nvme-full3b.json --pairs full3b
+    python3 -m bench.nvme_offload --out /tmp/nvme-tiny.json --pairs lora7b --tiny   # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.libaio import VENDOR as AIO_VENDOR
+from bench.libaio import check as aio_check
+from bench.libaio import environment as aio_environment
+from bench.libaio import unpack as aio_unpack
+from bench.service_gpu import (
+    REPO,
+    build_dataset,
+    build_model,
+    collect,
+    free_port,
+    job_spec,
+    tunebox,
+    wait_jobs,
+    wait_ready,
+)
+
+PAIRS: dict[str, dict[str, Any]] = {
+    "lora7b": {
+        "model": "qwen2.5-7b",
+        "method": "lora",
+        "nvme": {"offload_param": "nvme", "offload_optimizer": "cpu"},
+        "cpu": {"offload_param": "cpu", "offload_optimizer": "cpu"},
+    },
+    "full3b": {
+        "model": "qwen2.5-3b",
+        "method": "full",
+        "nvme": {"offload_param": "none", "offload_optimizer": "nvme"},
+        "cpu": {"offload_param": "none", "offload_optimizer": "cpu"},
+    },
+}
+
+
+def _folder_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # a swap file removed meanwhile
+                total += (Path(root) / name).stat().st_size
+    return total
+
+
+class SwapSampler(threading.Thread):
+    """The largest size the NVMe swap folder reached."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path, self.peak, self.stop = path, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            self.peak = max(self.peak, _folder_bytes(self.path))
+
+
+def _spec(
+    pair: dict[str, Any], where: str, model: Path, data: Path, steps: int, seq_len: int, micro: int
+) -> dict[str, Any]:
+    spec = job_spec(
+        f"{pair['model']}-{pair['method']}-{where}", model, data, pair["method"], "cpu", steps, seq_len, micro
+    )
+    spec["resources"].update(pair[where])
+    spec["training"]["save_steps"] = steps * 10  # the final save only: the disk holds the swap
+    spec["eval"] = {"when": "none"}
+    return spec
+
+
+def _run_job(
+    client: httpx.Client, spec: dict[str, Any], data_dir: Path, swap: Path, timeout: float
+) -> dict[str, Any]:
+    resp = client.post("/v1/jobs", json=spec)
+    if resp.status_code != 201:
+        return {"submit_error": resp.json()}
+    jid = resp.json()["id"]
+    sampler = SwapSampler(swap)
+    sampler.start()
+    try:
+        job = wait_jobs(client, [jid], timeout)[jid]
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    result = collect(client, job, data_dir)
+    plan = job["plan"]
+    result.update(
+        planned_nvme_bytes=plan["nvme"]["total_bytes"],
+        measured_nvme_bytes=sampler.peak,
+        planned_host_bytes=plan["host"]["total_bytes"],
+        measured_host_rss_bytes=job.get("measured_host_rss_bytes"),
+        planned_tokens_per_second=plan["estimated_tokens_per_second"],
+    )
+    shutil.rmtree(data_dir / "jobs" / jid / "checkpoints", ignore_errors=True)
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--work", type=Path, default=REPO / ".cache" / "nvme-bench")
+    ap.add_argument("--pairs", default="lora7b", help="lora7b, full3b or both, comma-separated")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=420, help="seconds per job")
+    ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU: a smoke test of this script")
+    args = ap.parse_args()
+    pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
+    if not pairs or not set(pairs) <= set(PAIRS):
+        ap.error(f"--pairs takes {', '.join(PAIRS)}")
+    t0, work = time.monotonic(), args.work
+    prefix = work / "libaio"
+    for deb in sorted(AIO_VENDOR.glob("*.deb")):
+        aio_unpack(deb, prefix)
+    env = {**os.environ, **aio_environment(prefix)}
+    report: dict[str, Any] = {
+        "aio": aio_check(aio_environment(prefix)),
+        "steps": args.steps,
+        "seq_len": args.seq_len,
+        "micro_batch": args.micro_batch,
+    }
+    models, datasets, data_dir, swap = work / "models", work / "data", work / "tunebox", work / "swap"
+    swap.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if args.tiny else "cuda"
+    data = build_dataset(
+        datasets / "pattern.jsonl", rows=args.steps * args.micro_batch * 4, words=args.seq_len
+    )
+    env.update(
+        {
+            "TUNEBOX_DATA_DIR": str(data_dir),
+            "TUNEBOX_MODEL_ROOTS": json.dumps([str(models)]),
+            "TUNEBOX_DATASET_ROOTS": json.dumps([str(datasets)]),
+            "TUNEBOX_WORKER_CONCURRENCY": "1",
+            "TUNEBOX_PROGRESS_INTERVAL_S": "1",
+            "TUNEBOX_NVME_PATH": str(swap),
+            "TUNEBOX_NVME_BYTES": str(shutil.disk_usage(swap).free - 8 * 2**30),
+            "PYTHONPATH": f"{REPO}:{env.get('PYTHONPATH', '')}",
+        }
+    )
+    if args.tiny:
+        env.update(
+            {"DS_ACCELERATOR": "cpu", "TUNEBOX_GPU_COUNT": "1", "TUNEBOX_GPU_MEMORY_BYTES": str(24 * 2**30)}
+        )
+    env.pop("TUNEBOX_BROKER_URL", None)
+    env.pop("TUNEBOX_DATABASE_URL", None)
+    tunebox(env, "db", "upgrade")
+    token = tunebox(env, "token", "create", f"bench-{int(time.time())}", "--admin").strip().splitlines()[0]
+    port = free_port()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "tunebox.cli", "serve", "--port", str(port)],
+        env=env,
+        cwd=REPO,
+        stdout=(work / "serve.log").open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    client = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}", timeout=30, headers={"Authorization": f"Bearer {token}"}
+    )
+    try:
+        wait_ready(client, serve, 120, work / "serve.log")
+        for name in pairs:
+            pair = PAIRS[name]
+            model = build_model(pair["model"], models / f"{pair['model']}-random", device)
+            report[name] = {}
+            for where in ("nvme", "cpu"):
+                spec = _spec(pair, where, model, data, args.steps, args.seq_len, args.micro_batch)
+                report[name][where] = _run_job(client, spec, data_dir, swap, args.timeout)
+                args.out.write_text(json.dumps(report, indent=1, default=str))
+            nvme, cpu = (report[name][w].get("steady_tokens_per_second") for w in ("nvme", "cpu"))
+            report[name]["nvme_over_cpu_tokens_per_second"] = round(nvme / cpu, 4) if nvme and cpu else None
+        report["gpus"] = client.get("/v1/gpus").json()
+    finally:
+        serve.terminate()
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+    report["total_seconds"] = round(time.monotonic() - t0, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1, default=str))
+    print(json.dumps({k: v for k, v in report.items() if k != "gpus"}, default=str)[:4000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
