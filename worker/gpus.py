@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import shutil
 import socket
 import statistics
 from dataclasses import dataclass
@@ -256,7 +257,18 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
                         nvme_path=str(settings.nvme_path) if settings.nvme_path else None,
                         step_time_factor=step_factor, host_clock_factor=clock,
                         nvme_unavailable=nvme_unavailable(settings), gpu_bf16_tflops=tflops, pcie_gbps=pcie,
-                        sources=sources)
+                        disk_free_bytes=job_disk_free_bytes(settings), sources=sources)
+
+
+def job_disk_free_bytes(settings: Settings) -> int | None:
+    """Free bytes of the disk the job folders (and their checkpoints) are written to."""
+    where = settings.data_dir / "jobs"
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return int(shutil.disk_usage(where).free)
+    except OSError:
+        return None
 
 
 def probed_rates(session: Session, host: str) -> dict[str, float]:
