@@ -6,7 +6,8 @@ Run by the worker's launcher or the ``deepspeed`` launcher; the rank comes from 
 
 - ``DIR/progress.jsonl`` (rank 0, one flushed JSON object per line, each with ``type`` and ``time``):
   ``start`` {total_steps, start_step, resumed_from, pid, world_size, train_rows, eval_rows,
-  trainable_params}; ``progress`` every optimizer step {step, total_steps, epoch, loss, lr,
+  trainable_params, gpu_memory_limit_bytes (what PyTorch's allocator is held to per GPU; null where
+  nothing is limited)}; ``progress`` every optimizer step {step, total_steps, epoch, loss, lr,
   tokens_per_second, samples_per_second, peak_gpu_bytes (PyTorch's reserved peak),
   peak_allocated_gpu_bytes, nvml_peak_bytes (when NVML sees this pid), host_rss_bytes,
   host_cpu_percent, eta_seconds}; ``checkpoint`` {step, path}; ``done``
@@ -106,6 +107,13 @@ def deepspeed_config(run: RunConfig, world_size: int) -> dict[str, Any]:
     return cfg
 
 
+def _fused_lion(cfg: dict[str, Any]) -> bool:
+    """Whether DeepSpeed would build the config's optimizer as FusedLion (Lion, not offloaded)."""
+    offload = (cfg.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    declared = str((cfg.get("optimizer") or {}).get("type", "")).lower()
+    return declared == "lion" and offload.get("device", "none") not in ("cpu", "nvme")
+
+
 class Trainer:
     def __init__(self, run: RunConfig):
         self.run = run
@@ -117,6 +125,7 @@ class Trainer:
         self.progress = ProgressLog(run.progress_path, self.is_rank0)
         self.meter = Meter(cuda=run.device == "cuda")
         self.step = 0
+        self.gpu_memory_limit_bytes: int | None = None
 
     # ---------------------------------------------------------------- preparation
 
@@ -176,7 +185,8 @@ class Trainer:
             torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
             from worker._trainlib.modeling import limit_gpu_memory
 
-            limit_gpu_memory(self.run.gpu_memory_limit_bytes, _env_int("LOCAL_RANK", 0))
+            if limit_gpu_memory(self.run.gpu_memory_limit_bytes, _env_int("LOCAL_RANK", 0)) is not None:
+                self.gpu_memory_limit_bytes = self.run.gpu_memory_limit_bytes
         deepspeed.init_distributed(dist_backend=None, verbose=False)
         self.world = deepspeed.comm.get_world_size()
         self.rank = deepspeed.comm.get_rank()
@@ -195,6 +205,13 @@ class Trainer:
             t = self.spec.training
             optimizer = build_optimizer(t.optimizer.value, trainable, t.learning_rate, t.weight_decay,
                                         self.run.device)
+        elif self.run.device == "cpu" and _fused_lion(self.ds_config):
+            from deepspeed.ops.lion import DeepSpeedCPULion
+
+            # DeepSpeed builds a declared Lion as FusedLion, a CUDA kernel, unless the optimizer is
+            # offloaded; on the CPU its CPU kernel is the same update
+            params = dict(self.ds_config.pop("optimizer").get("params") or {})
+            optimizer = DeepSpeedCPULion(trainable, **params)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, optimizer=optimizer,
                                                config=self.ds_config)
         # from_pretrained returns the model in eval mode, where transformers skips gradient
@@ -321,7 +338,8 @@ class Trainer:
         self.progress.emit("start", total_steps=self.total, start_step=self.step,
                            resumed_from=str(resumed) if resumed else None, pid=os.getpid(),
                            world_size=self.world, train_rows=len(self.examples), eval_rows=self.eval_rows,
-                           trainable_params=self.trainable_params)
+                           trainable_params=self.trainable_params,
+                           gpu_memory_limit_bytes=self.gpu_memory_limit_bytes)
         final = resumed if resumed is not None and self.step >= self.total else None
         started, first_step, loss = time.perf_counter(), self.step, None
         save_every = self.spec.training.save_steps
