@@ -30,7 +30,7 @@ from tests.worker.conftest import db_url  # noqa: F401  (a migrated Postgres dat
 from tests.worker.factories import make_job, make_user
 from tests.worker.harness import WorkerProcess, job_row, send, wait_for, wait_status, worker_env
 from tests.worker_train import planned
-from tests.worker_train.conftest import REPO, TORCH_EXT
+from tests.worker_train.conftest import LORA_TARGETS, REPO, TORCH_EXT
 from tests.worker_train.planned import Mode, spec_of
 from worker import launcher
 from worker.leasing import Grant
@@ -106,7 +106,9 @@ def test_lora_targets_the_model_lacks_are_bad_lora_targets(worker: WorkerProcess
                                                            data: Path, tmp_path: Path) -> None:
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
-    job_id = submit(worker, spec_of(LORA, model, data), send_task=False)  # planned for the Llama there
+    spec = spec_of(LORA, model, data)
+    spec["lora"]["target_modules"] = LORA_TARGETS  # Llama's projections; GPT-2 has an lm_head too
+    job_id = submit(worker, spec, send_task=False)  # planned for the Llama there
     _replace_with_another_family(model)  # before the job runs
     send(worker.settings, job_id)
     job = finished(worker, job_id)
