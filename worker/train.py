@@ -39,6 +39,7 @@ from typing import Any
 
 from worker._trainlib import checkpoint as ckpt
 from worker._trainlib.data import (
+    IGNORE,
     Example,
     MicroBatchOrder,
     collate,
@@ -253,8 +254,11 @@ class Trainer:
     def plan_steps(self) -> None:
         cfg = self.ds_config
         self.grad_accum = int(cfg["gradient_accumulation_steps"])
-        self.order = MicroBatchOrder(len(self.examples), int(cfg["train_micro_batch_size_per_gpu"]),
-                                     self.world, self.rank, self.spec.training.seed)
+        # every rank's order, so each rank knows how many target tokens the whole step holds
+        mbs = int(cfg["train_micro_batch_size_per_gpu"])
+        self.orders = [MicroBatchOrder(len(self.examples), mbs, self.world, rank, self.spec.training.seed)
+                       for rank in range(self.world)]
+        self.order = self.orders[self.rank]
         t = self.spec.training
         self.total = total_steps(self.order, self.grad_accum, t.epochs, t.max_steps)
         self.lr_fn = lr_factor(t.lr_scheduler.value, self.total, warmup_steps(self.total, t.warmup_ratio))
@@ -284,8 +288,13 @@ class Trainer:
         tensors = {key: torch.tensor(v, dtype=torch.long, device=device) for key, v in batch.items()}
         return tensors, int(tensors["attention_mask"].sum()), len(batch["input_ids"])
 
+    def _targets(self, order: MicroBatchOrder, k: int) -> int:
+        """Target tokens of micro-batch ``k`` of ``order``: the labels the causal shift predicts."""
+        return sum(sum(1 for t in self.examples[i].labels[1:] if t != IGNORE) for i in order.indices(k))
+
     def _reduce(self, loss: float, tokens: int, samples: int) -> tuple[float, int, int]:
-        """Loss averaged over ranks, tokens and samples summed, so rank 0 reports the whole job."""
+        """Each rank's share of the step's loss, tokens and samples summed, so rank 0 reports the
+        whole job."""
         if self.world == 1:
             return loss, tokens, samples
         import deepspeed.comm as dist
@@ -294,21 +303,28 @@ class Trainer:
         t = torch.tensor([loss, float(tokens), float(samples)], dtype=torch.float64,
                          device=self.engine.device)
         dist.all_reduce(t)
-        return t[0].item() / self.world, int(t[1].item()), int(t[2].item())
+        return t[0].item(), int(t[1].item()), int(t[2].item())
 
     def train_step(self) -> dict[str, Any]:
         lr = self._set_lr()
         started = time.perf_counter()
         loss_sum, tokens, samples = 0.0, 0, 0
-        for _ in range(self.grad_accum):
-            batch, n_tokens, n_samples = self._micro_batch(self.step * self.grad_accum + _)
+        first = self.step * self.grad_accum
+        micro = range(first, first + self.grad_accum)
+        step_targets = sum(self._targets(order, k) for order in self.orders for k in micro)
+        for k in micro:
+            batch, n_tokens, n_samples = self._micro_batch(k)
             out = self.engine(**batch, use_cache=False)
-            self.engine.backward(out.loss)
+            # a micro-batch's loss is the mean over its own targets; weighed by its share of the
+            # step's targets, the step optimises the mean over all of them, as one batch would.
+            # DeepSpeed divides by the accumulation steps and averages the ranks' gradients.
+            share = self._targets(self.order, k) / step_targets
+            self.engine.backward(out.loss * (share * self.grad_accum * self.world))
             self.engine.step()
-            loss_sum += float(out.loss.detach().float().item())
+            loss_sum += float(out.loss.detach().float().item()) * share
             tokens, samples = tokens + n_tokens, samples + n_samples
         self.step += 1
-        loss, tokens, samples = self._reduce(loss_sum / self.grad_accum, tokens, samples)
+        loss, tokens, samples = self._reduce(loss_sum, tokens, samples)
         seconds = max(time.perf_counter() - started, 1e-9)
         return {"loss": loss, "lr": lr, "tokens_per_second": tokens / seconds,
                 "samples_per_second": samples / seconds}
