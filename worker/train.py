@@ -6,7 +6,8 @@ Run by the worker's launcher or the ``deepspeed`` launcher; the rank comes from 
 
 - ``DIR/progress.jsonl`` (rank 0, one flushed JSON object per line, each with ``type`` and ``time``):
   ``start`` {total_steps, start_step, resumed_from, pid, world_size, train_rows, eval_rows,
-  trainable_params}; ``progress`` every optimizer step {step, total_steps, epoch, loss, lr,
+  trainable_params, gpu_memory_limit_bytes (what PyTorch's allocator is held to per GPU; null where
+  nothing is limited)}; ``progress`` every optimizer step {step, total_steps, epoch, loss, lr,
   tokens_per_second, samples_per_second, peak_gpu_bytes (PyTorch's reserved peak),
   peak_allocated_gpu_bytes, nvml_peak_bytes (when NVML sees this pid), host_rss_bytes,
   host_cpu_percent, eta_seconds}; ``checkpoint`` {step, path}; ``done``
@@ -38,6 +39,7 @@ from typing import Any
 
 from worker._trainlib import checkpoint as ckpt
 from worker._trainlib.data import (
+    IGNORE,
     Example,
     MicroBatchOrder,
     collate,
@@ -106,6 +108,13 @@ def deepspeed_config(run: RunConfig, world_size: int) -> dict[str, Any]:
     return cfg
 
 
+def _fused_lion(cfg: dict[str, Any]) -> bool:
+    """Whether DeepSpeed would build the config's optimizer as FusedLion (Lion, not offloaded)."""
+    offload = (cfg.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    declared = str((cfg.get("optimizer") or {}).get("type", "")).lower()
+    return declared == "lion" and offload.get("device", "none") not in ("cpu", "nvme")
+
+
 class Trainer:
     def __init__(self, run: RunConfig):
         self.run = run
@@ -117,6 +126,7 @@ class Trainer:
         self.progress = ProgressLog(run.progress_path, self.is_rank0)
         self.meter = Meter(cuda=run.device == "cuda")
         self.step = 0
+        self.gpu_memory_limit_bytes: int | None = None
 
     # ---------------------------------------------------------------- preparation
 
@@ -176,7 +186,8 @@ class Trainer:
             torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
             from worker._trainlib.modeling import limit_gpu_memory
 
-            limit_gpu_memory(self.run.gpu_memory_limit_bytes, _env_int("LOCAL_RANK", 0))
+            if limit_gpu_memory(self.run.gpu_memory_limit_bytes, _env_int("LOCAL_RANK", 0)) is not None:
+                self.gpu_memory_limit_bytes = self.run.gpu_memory_limit_bytes
         deepspeed.init_distributed(dist_backend=None, verbose=False)
         self.world = deepspeed.comm.get_world_size()
         self.rank = deepspeed.comm.get_rank()
@@ -195,6 +206,13 @@ class Trainer:
             t = self.spec.training
             optimizer = build_optimizer(t.optimizer.value, trainable, t.learning_rate, t.weight_decay,
                                         self.run.device)
+        elif self.run.device == "cpu" and _fused_lion(self.ds_config):
+            from deepspeed.ops.lion import DeepSpeedCPULion
+
+            # DeepSpeed builds a declared Lion as FusedLion, a CUDA kernel, unless the optimizer is
+            # offloaded; on the CPU its CPU kernel is the same update
+            params = dict(self.ds_config.pop("optimizer").get("params") or {})
+            optimizer = DeepSpeedCPULion(trainable, **params)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, optimizer=optimizer,
                                                config=self.ds_config)
         # from_pretrained returns the model in eval mode, where transformers skips gradient
@@ -236,8 +254,11 @@ class Trainer:
     def plan_steps(self) -> None:
         cfg = self.ds_config
         self.grad_accum = int(cfg["gradient_accumulation_steps"])
-        self.order = MicroBatchOrder(len(self.examples), int(cfg["train_micro_batch_size_per_gpu"]),
-                                     self.world, self.rank, self.spec.training.seed)
+        # every rank's order, so each rank knows how many target tokens the whole step holds
+        mbs = int(cfg["train_micro_batch_size_per_gpu"])
+        self.orders = [MicroBatchOrder(len(self.examples), mbs, self.world, rank, self.spec.training.seed)
+                       for rank in range(self.world)]
+        self.order = self.orders[self.rank]
         t = self.spec.training
         self.total = total_steps(self.order, self.grad_accum, t.epochs, t.max_steps)
         self.lr_fn = lr_factor(t.lr_scheduler.value, self.total, warmup_steps(self.total, t.warmup_ratio))
@@ -267,8 +288,13 @@ class Trainer:
         tensors = {key: torch.tensor(v, dtype=torch.long, device=device) for key, v in batch.items()}
         return tensors, int(tensors["attention_mask"].sum()), len(batch["input_ids"])
 
+    def _targets(self, order: MicroBatchOrder, k: int) -> int:
+        """Target tokens of micro-batch ``k`` of ``order``: the labels the causal shift predicts."""
+        return sum(sum(1 for t in self.examples[i].labels[1:] if t != IGNORE) for i in order.indices(k))
+
     def _reduce(self, loss: float, tokens: int, samples: int) -> tuple[float, int, int]:
-        """Loss averaged over ranks, tokens and samples summed, so rank 0 reports the whole job."""
+        """Each rank's share of the step's loss, tokens and samples summed, so rank 0 reports the
+        whole job."""
         if self.world == 1:
             return loss, tokens, samples
         import deepspeed.comm as dist
@@ -277,21 +303,28 @@ class Trainer:
         t = torch.tensor([loss, float(tokens), float(samples)], dtype=torch.float64,
                          device=self.engine.device)
         dist.all_reduce(t)
-        return t[0].item() / self.world, int(t[1].item()), int(t[2].item())
+        return t[0].item(), int(t[1].item()), int(t[2].item())
 
     def train_step(self) -> dict[str, Any]:
         lr = self._set_lr()
         started = time.perf_counter()
         loss_sum, tokens, samples = 0.0, 0, 0
-        for _ in range(self.grad_accum):
-            batch, n_tokens, n_samples = self._micro_batch(self.step * self.grad_accum + _)
+        first = self.step * self.grad_accum
+        micro = range(first, first + self.grad_accum)
+        step_targets = sum(self._targets(order, k) for order in self.orders for k in micro)
+        for k in micro:
+            batch, n_tokens, n_samples = self._micro_batch(k)
             out = self.engine(**batch, use_cache=False)
-            self.engine.backward(out.loss)
+            # a micro-batch's loss is the mean over its own targets; weighed by its share of the
+            # step's targets, the step optimises the mean over all of them, as one batch would.
+            # DeepSpeed divides by the accumulation steps and averages the ranks' gradients.
+            share = self._targets(self.order, k) / step_targets
+            self.engine.backward(out.loss * (share * self.grad_accum * self.world))
             self.engine.step()
-            loss_sum += float(out.loss.detach().float().item())
+            loss_sum += float(out.loss.detach().float().item()) * share
             tokens, samples = tokens + n_tokens, samples + n_samples
         self.step += 1
-        loss, tokens, samples = self._reduce(loss_sum / self.grad_accum, tokens, samples)
+        loss, tokens, samples = self._reduce(loss_sum, tokens, samples)
         seconds = max(time.perf_counter() - started, 1e-9)
         return {"loss": loss, "lr": lr, "tokens_per_second": tokens / seconds,
                 "samples_per_second": samples / seconds}
@@ -327,7 +360,8 @@ class Trainer:
         self.progress.emit("start", total_steps=self.total, start_step=self.step,
                            resumed_from=str(resumed) if resumed else None, pid=os.getpid(),
                            world_size=self.world, train_rows=len(self.examples), eval_rows=self.eval_rows,
-                           trainable_params=self.trainable_params)
+                           trainable_params=self.trainable_params,
+                           gpu_memory_limit_bytes=self.gpu_memory_limit_bytes)
         final = resumed if resumed is not None and self.step >= self.total else None
         started, first_step, loss = time.perf_counter(), self.step, None
         save_every = self.spec.training.save_steps

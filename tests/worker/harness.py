@@ -57,16 +57,19 @@ def settings_of(env: dict[str, str]) -> Settings:
 
 
 class WorkerProcess:
-    """``celery -A worker.celery_app worker -Q gpu --pool solo -c 1`` with the given environment."""
+    """``celery -A worker.celery_app worker -Q gpu --pool solo -c 1`` (or the given pool and
+    concurrency) with the given environment."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, pool: str = "solo", concurrency: int = 1) -> None:
         self.env, self.log_path = env, log_path
+        self.pool, self.concurrency = pool, concurrency
         self.settings = settings_of(env)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60) -> WorkerProcess:
         argv = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "-Q", GPU_QUEUE,
-                "--pool", "solo", "-c", "1", "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+                "--pool", self.pool, "-c", str(self.concurrency), "--without-gossip", "--without-mingle",
+                "--loglevel", "INFO",
                 "-n", f"test-{secrets.token_hex(3)}@%h"]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
