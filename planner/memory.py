@@ -460,10 +460,12 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     elif s.zero_stage == 3 and s.offload_param == "nvme":
         nvme += _model_bytes(facts, s.knobs.param_persistence_threshold)
         pinned += n * s.knobs.param_buffer_count * _pinned(s.knobs.param_buffer_size * w, pin)
-    # Stages 0-2 build the model on the host before moving it. ZeRO-3's zero.Init builds it in place,
-    # partitioned (offloaded parameters included), and from_pretrained then reads the checkpoint
-    # one weight file at a time into host memory on every rank.
-    load = n * _model_bytes(facts) if s.zero_stage < 3 else n * _shard_bytes(facts) + params
+    # Stages 0-2 build the model on the host before moving it (QLoRA reads its checkpoint as stored,
+    # in bf16, and quantises it on the GPU). ZeRO-3's zero.Init builds it in place, partitioned
+    # (offloaded parameters included), and from_pretrained then reads the checkpoint one weight file
+    # at a time into host memory on every rank.
+    stored = 2.0 * facts.num_parameters if s.method == "qlora" else _model_bytes(facts)
+    load = n * stored if s.zero_stage < 3 else n * _shard_bytes(facts) + params
     # ZeRO-3 with the parameters on the GPU flattens each rank's trainable bf16 partitions at
     # deepspeed.initialize by copying them all into one host buffer and back (``defragment``),
     # after the load and before the offloaded states exist, in a process that has not yet loaded
