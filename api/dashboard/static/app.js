@@ -35,7 +35,7 @@ function h(tag, attrs, ...children) {
     else if (k === "style") el.style.cssText = v;
     else el.setAttribute(k, v === true ? "" : v);
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -304,7 +304,7 @@ function jobTable(items, withStatus = true) {
   items.map((j) => {
     const p = j.progress || {};
     return h("tr", { dataset: { job: j.id } }, h("td", {}, jobLink(j.id)), h("td", {}, j.name), h("td", {}, j.owner),
-      h("td", {}, statusBadge(j.status)), h("td", {}, progressBar(p.step, p.total_steps)),
+      withStatus && h("td", {}, statusBadge(j.status)), h("td", {}, progressBar(p.step, p.total_steps)),
       h("td", { class: "num" }, num(p.loss, 4)), h("td", { class: "num" }, num(p.tokens_per_second, 0)),
       h("td", { class: "num" }, TERMINAL.has(j.status) ? "–" : duration(p.eta_seconds)),
       h("td", { class: "num hide-narrow" }, j.num_gpus), h("td", { class: "hide-narrow" }, when(j.created_at)));
@@ -415,7 +415,7 @@ async function jobPage(id) {
   const drawCheckpoints = async () => {
     const list = await api("/v1/jobs/" + id + "/checkpoints");
     ckptBox.replaceChildren(list.items.length ? table([["step", "num"], ["path"], ["size", "num"], ["final"], ["eval"], [""]],
-      list.items.map((c) => h("tr", { dataset: { checkpoint: c.id } }, h("td", { class: "num" }, c.step), h("td", {}, c.path),
+      list.items.map((c) => h("tr", { dataset: { checkpoint: c.id } }, h("td", { class: "num" }, c.step), h("td", { class: "wrap" }, c.path),
         h("td", { class: "num" }, bytes(c.size_bytes)), h("td", {}, c.is_final ? "yes" : ""), h("td", {}, c.eval_status || ""),
         h("td", {}, c.download_url ? h("a", { href: c.download_url, download: "" }, "download") : ""))))
       : h("p", { class: "muted" }, "No checkpoints yet."));
@@ -582,10 +582,10 @@ function planView(plan) {
     h("h2", {}, "Alternatives (ranked)"),
     alts.length ? table([["#", "num"], ["change"], ["fits"], ["per GPU", "num"], ["host", "num"], ["tokens/s", "num"], ["why"]],
       alts.map((a, i) => h("tr", { dataset: { fits: String(a.fits) } }, h("td", { class: "num" }, i + 1),
-        h("td", {}, Object.entries(a.changes).map(([k, v]) => k + " = " + JSON.stringify(v)).join(", ")),
+        h("td", { class: "wrap" }, Object.entries(a.changes).map(([k, v]) => k + " = " + JSON.stringify(v)).join(", ")),
         h("td", {}, a.fits ? "yes" : "no"), h("td", { class: "num" }, bytes(a.per_gpu_total_bytes)),
         h("td", { class: "num" }, bytes(a.host_total_bytes)), h("td", { class: "num" }, num(a.estimated_tokens_per_second, 0)),
-        h("td", { style: "white-space:normal" }, a.reason))), { id: "alternatives" })
+        h("td", { class: "wrap" }, a.reason))), { id: "alternatives" })
       : h("p", { class: "muted" }, "none"),
     ...notes("Warnings", plan.warnings || []), ...notes("Advice", plan.advice || []));
 }
