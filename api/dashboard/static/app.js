@@ -4,9 +4,8 @@
 const TOKEN_KEY = "tunebox.token";
 const REFRESH_MS = 5000;
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-const ACTIVE = ["starting", "running", "evaluating", "cancelling", "pausing"];
-const STATUSES = ["queued", "starting", "running", "evaluating", "cancelling", "pausing", "paused",
-  "succeeded", "failed", "cancelled"];
+const ACTIVE = ["starting", "running", "evaluating", "cancelling"];
+const STATUSES = ["queued", ...ACTIVE, "succeeded", "failed", "cancelled"];
 const COLORS = {
   train: "#2563eb", eval: "#d97706", lr: "#7c3aed", tps: "#0d9488", measured: "#2563eb",
   peak: "#dc2626", capacity: "#111827",
