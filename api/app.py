@@ -13,6 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth.service import TokenCache
+from api.catalogue.router import router as catalogue_router
+from api.dashboard import install as install_dashboard
 from api.datasets.router import router as datasets_router
 from api.db import THREADS, close_async_reads, open_async_reads, open_database
 from api.errors import document_problems, install_handlers
@@ -20,6 +22,7 @@ from api.gpus.router import router as gpus_router
 from api.jobs.router import router as jobs_router
 from api.jobs.service import Enqueue
 from api.jobs.stream import StreamTiming
+from api.me.router import router as me_router
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from api.ops.metrics import ApiMetrics, CalibrationCollector, calibration_reader
 from api.ops.router import router as ops_router
@@ -88,8 +91,10 @@ def create_app(
     state.metrics.registry.register(CalibrationCollector(calibration_reader(db.reads)))
     install_handlers(app)
     document_problems(app)
-    for router in (ops_router, plans_router, jobs_router, datasets_router, gpus_router):
+    for router in (ops_router, plans_router, jobs_router, datasets_router, gpus_router, catalogue_router,
+                   me_router):
         app.include_router(router)
+    install_dashboard(app)
     # added last = outermost: the limit applies before anything reads the body
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
