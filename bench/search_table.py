@@ -15,7 +15,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``planner`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner import plan  # noqa: E402
+from planner import PlanError, plan  # noqa: E402
 from planner.core import _base_setup, _choices, prepare  # noqa: E402
 from planner.search import evaluate, points  # noqa: E402
 
@@ -73,11 +73,15 @@ def main() -> None:
     for model, method, gib in CASES:
         auto = plan(spec(model, method, gib))
         best, n = best_enumerated(spec(model, method, gib))
-        blanket = plan(spec(model, method, gib, num_gpus=1, zero_stage=3, offload_optimizer="cpu",
-                            offload_param="cpu", micro_batch_size=1, gradient_checkpointing=True))
+        try:
+            blanket = plan(spec(model, method, gib, num_gpus=1, zero_stage=3, offload_optimizer="cpu",
+                                offload_param="cpu", micro_batch_size=1, gradient_checkpointing=True))
+            b = blanket.estimated_tokens_per_second if blanket.fits else 0.0
+            ratio = f"{(auto.estimated_tokens_per_second if auto.fits else 0.0) / b:.1f}x" if b else (
+                "blanket does not fit")
+        except PlanError:  # QLoRA does not run under ZeRO-3
+            b, ratio = 0.0, "blanket not runnable"
         a = auto.estimated_tokens_per_second if auto.fits else 0.0
-        b = blanket.estimated_tokens_per_second if blanket.fits else 0.0
-        ratio = f"{a / b:.1f}x" if b else "blanket does not fit"
         choice = describe(auto) if auto.fits else "does not fit"
         print(f"| {model.split('/')[-1]} | {method} | {gib} GiB | {choice} | {a:,.0f} | {best:,.0f} ({n}) | "
               f"{b:,.0f} | {ratio} |")
