@@ -49,6 +49,7 @@ class OffloadDevice(StrEnum):
 class DatasetFormat(StrEnum):
     ALPACA = "alpaca"
     SHAREGPT = "sharegpt"
+    OPENAI = "openai"
     TEXT = "text"
     AUTO = "auto"
 
@@ -84,6 +85,9 @@ class DatasetRef(_Strict):
     path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     id: Annotated[str, Field(pattern=r"^ds_[A-Za-z0-9]{1,64}$")] | None = None
     format: DatasetFormat = DatasetFormat.AUTO
+    name: Annotated[str, Field(min_length=1, max_length=256,
+                               description="the entry of a LLaMA-Factory dataset_info.json at path")
+                    ] | None = None
     eval_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
     num_rows: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
 
@@ -91,6 +95,8 @@ class DatasetRef(_Strict):
     def _exactly_one(self) -> DatasetRef:
         if (self.path is None) == (self.id is None):
             raise ValueError("dataset needs exactly one of path, id")
+        if self.name is not None and self.path is None:
+            raise ValueError("dataset.name picks an entry of a dataset_info.json: it needs dataset.path")
         return self
 
 

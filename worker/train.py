@@ -141,8 +141,9 @@ class Trainer:
 
         self.tokenizer = load_tokenizer(self.run.model_dir)
         declared = self.spec.dataset.format.value if self.spec.dataset else "auto"
+        entry = self.spec.dataset.name if self.spec.dataset else None
         try:
-            fmt, rows = load_records(self.run.dataset_file, declared)
+            fmt, rows = load_records(self.run.dataset_file, declared, entry)
         except DatasetError as exc:
             raise JobFailure(USER_ERROR, "bad_dataset", str(exc)) from exc
         fraction = self.spec.dataset.eval_fraction if self.spec.dataset else 0.0

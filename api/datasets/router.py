@@ -44,7 +44,7 @@ async def _spool_multipart(request: Request, spool: service.Spool) -> tuple[str 
 async def upload_dataset(
     request: Request, session: SessionDep, settings: SettingsDep, user: CurrentUser,
     name: Annotated[str | None, Query(max_length=200)] = None,
-    format: Annotated[str, Query(description="auto | alpaca | sharegpt | text")] = "auto",  # noqa: A002
+    format: Annotated[str, Query(description="auto | alpaca | sharegpt | openai | text")] = "auto",  # noqa: A002
 ) -> DatasetCreated:
     declared = service.check_format(format)
     dataset_id = new_id("ds")

@@ -12,7 +12,7 @@ class DatasetRead(BaseModel):
     id: str
     name: str
     owner: str
-    format: str = Field(description="alpaca | sharegpt | text")
+    format: str = Field(description="alpaca | sharegpt | openai | text")
     num_rows: int
     size_bytes: int
     sha256: str

@@ -21,10 +21,11 @@ from api.auth.service import Principal
 from api.datasets.schemas import DatasetCreated, DatasetList, DatasetRead
 from api.errors import FieldError, InvalidInput, NotFound
 from store.models import Dataset, User
+from tunebox.datasets import FORMATS as DATASET_FORMATS
 from tunebox.datasets import DatasetError, inspect_dataset, iter_records
 from tunebox.settings import Settings
 
-FORMATS = ("auto", "alpaca", "sharegpt", "text")
+FORMATS = ("auto", *DATASET_FORMATS)
 
 
 @dataclass

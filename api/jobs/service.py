@@ -158,16 +158,18 @@ def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: 
     real = confine(ds.path, settings.dataset_roots, "dataset.path")
     if not real.is_file():
         raise InvalidInput.for_field("dataset.path", f"{ds.path} is not a file")
-    num_rows = ds.num_rows or _count_rows(real, ds.format.value, settings)
+    num_rows = ds.num_rows or _count_rows(real, ds.format.value, settings, ds.name)
     new_ds = ds.model_copy(update={"path": str(real), "num_rows": num_rows})
     return spec.model_copy(update={"dataset": new_ds}), None
 
 
-def _count_rows(path: Path, declared: str, settings: Settings) -> int:
-    from tunebox.datasets import DatasetError, inspect_dataset
+def _count_rows(path: Path, declared: str, settings: Settings, name: str | None = None) -> int:
+    from tunebox.datasets import DatasetError, inspect_dataset, resolve_source
 
     try:
-        info = inspect_dataset(path, declared, max_rows=settings.max_dataset_rows, max_bytes=2**40)
+        if name is not None:  # a dataset_info.json entry's file must lie under the roots too
+            confine(str(resolve_source(path, declared, name).path), settings.dataset_roots, "dataset.name")
+        info = inspect_dataset(path, declared, max_rows=settings.max_dataset_rows, max_bytes=2**40, name=name)
     except DatasetError as exc:
         field = "dataset" if exc.field.startswith("dataset") else f"dataset.rows[{exc.row}].{exc.field}"
         raise InvalidInput(str(exc), errors=[FieldError(field, exc.message, row=exc.row)]) from exc

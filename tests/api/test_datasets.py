@@ -86,3 +86,31 @@ def test_job_on_an_uploaded_dataset(env: Env) -> None:
     assert res.status_code == 201, res.text
     assert res.json()["dataset_id"] == ds["id"] and res.json()["spec"]["dataset"]["num_rows"] == 9
     assert env.count(Job) == 1
+
+
+def test_openai_chat_upload_is_format_openai(env: Env) -> None:
+    rows = [{"messages": [{"role": "developer", "content": "Be brief."},
+                          {"role": "user", "content": [{"type": "text", "text": f"q{i}"}]},
+                          {"role": "assistant", "content": "draft", "weight": 0},
+                          {"role": "assistant", "content": f"a{i}"}]} for i in range(3)]
+    res = env.client.post("/v1/datasets?format=openai", content=_jsonl(rows), headers=env.auth())
+    assert res.status_code == 201, res.text
+    assert res.json()["format"] == "openai" and res.json()["num_rows"] == 3
+    ds = res.json()
+    job = env.client.post("/v1/jobs", json=job_spec(dataset={"id": ds["id"], "format": "openai"}),
+                          headers=env.auth())
+    assert job.status_code == 201, job.text
+
+
+def test_preference_and_image_rows_are_refused_naming_the_field(env: Env) -> None:
+    dpo = [{"instruction": "q", "chosen": "good", "rejected": "bad"}]
+    res = env.client.post("/v1/datasets", content=_jsonl(dpo), headers=env.auth())
+    assert res.status_code == 422
+    error = res.json()["errors"][0]
+    assert error["field"] == "dataset.rows[1].chosen" and "not trained" in error["message"]
+    images = [{"messages": [{"role": "user", "content": "<image>?"}, {"role": "assistant", "content": "a"}],
+               "images": ["a.png"]}]
+    res = env.client.post("/v1/datasets", content=_jsonl(images), headers=env.auth())
+    assert res.status_code == 422 and res.json()["errors"][0]["field"] == "dataset.rows[1].images"
+    assert env.count(Dataset) == 0
+
