@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -58,6 +59,8 @@ class ApiToken(Base):
 
 class Dataset(Base):
     __tablename__ = "datasets"
+    # a repeat upload by its owner is found by its hash
+    __table_args__ = (Index("ix_datasets_owner_sha256", "owner_id", "sha256"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
@@ -67,6 +70,8 @@ class Dataset(Base):
     num_rows: Mapped[int] = mapped_column(Integer)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
+    # the owner's explicit share: every user may list, read and train on it
+    shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, defer
 
-from api.auth.access import may_read
+from api.auth.access import may_read, may_use_dataset
 from api.auth.service import Principal
 from api.errors import (
     Conflict,
@@ -150,7 +150,7 @@ def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: 
         raise InvalidInput.for_field("dataset", "a job needs a dataset (dataset.path or dataset.id)")
     if ds.id is not None:
         row = session.get(Dataset, ds.id)
-        if row is None or not may_read(user, row.owner_id, settings):  # another's: as if unknown
+        if row is None or not may_use_dataset(user, row.owner_id, row.shared, settings):  # as if unknown
             raise InvalidInput.for_field("dataset.id", f"no dataset {ds.id}")
         update = {"num_rows": ds.num_rows or row.num_rows}
         return spec.model_copy(update={"dataset": ds.model_copy(update=update)}), row.id
