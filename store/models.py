@@ -95,6 +95,8 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
     plan: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    # what the trainer made of the dataset: rows and tokens trained, rows truncated and dropped
+    data_report: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     dataset_id: Mapped[str | None] = mapped_column(ForeignKey("datasets.id"))
     num_gpus: Mapped[int] = mapped_column(Integer, default=1)
     planned_peak_gpu_bytes: Mapped[int | None] = mapped_column(BigInteger)

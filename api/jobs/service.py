@@ -90,7 +90,7 @@ def job_read(job: Job | Row[Any], owner: str) -> JobRead:
     return JobRead(**_summary_fields(job, owner), spec=job.spec, plan=job.plan, dataset_id=job.dataset_id,
                    attempt=job.attempt, worker_host=job.worker_host, gpu_indices=job.gpu_indices,
                    cancel_requested_at=job.cancel_requested_at, eval_status=job.eval_status,
-                   eval_result=job.eval_result, log_tail=job.log_tail)
+                   eval_result=job.eval_result, log_tail=job.log_tail, data_report=job.data_report)
 
 
 def load_job(session: Session, job_id: str) -> tuple[Job, str]:

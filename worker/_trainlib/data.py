@@ -7,6 +7,7 @@ else is ``-100``.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import random
@@ -225,18 +226,24 @@ def _tokenise_by_segment(tokenizer: Any, text: str, spans: list[Span]) -> tuple[
     return ids, learn
 
 
-def encode(tokenizer: Any, row: Row, fmt: Format, seq_len: int) -> Example | None:
-    """Token ids and labels truncated to ``seq_len``; None when no answer token survives truncation."""
+def tokenise(tokenizer: Any, row: Row, fmt: Format) -> tuple[list[int], list[bool]]:
+    """A record's whole token ids and, per token, whether it is trained."""
     text, spans = render(tokenizer, row, fmt)
     if getattr(tokenizer, "is_fast", False):
-        ids, learn = _tokenise_with_offsets(tokenizer, text, spans)
-    else:
-        ids, learn = _tokenise_by_segment(tokenizer, text, spans)
-    ids, learn = ids[:seq_len], learn[:seq_len]
+        return _tokenise_with_offsets(tokenizer, text, spans)
+    return _tokenise_by_segment(tokenizer, text, spans)
+
+
+def encode(tokenizer: Any, row: Row, fmt: Format, seq_len: int) -> Example | None:
+    """Token ids and labels truncated to ``seq_len``; None when no answer token survives truncation."""
+    ids, learn = tokenise(tokenizer, row, fmt)
+    return _example(ids[:seq_len], learn[:seq_len])
+
+
+def _example(ids: list[int], learn: list[bool]) -> Example | None:
     labels = [t if flag else IGNORE for t, flag in zip(ids, learn, strict=True)]
-    example = Example(ids, labels)
     # one label predicts nothing after the causal shift when it is the first token
-    return example if sum(1 for x in labels[1:] if x != IGNORE) else None
+    return Example(ids, labels) if sum(1 for x in labels[1:] if x != IGNORE) else None
 
 
 def encode_all(tokenizer: Any, rows: Sequence[Row], fmt: Format, seq_len: int) -> list[Example]:
@@ -261,6 +268,135 @@ def collate(examples: Sequence[Example], pad: int) -> dict[str, list[list[int]]]
         labels.append(e.labels + [IGNORE] * gap)
         mask.append([1] * len(e.input_ids) + [0] * gap)
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+# --------------------------------------------------------------------------- what is trained
+
+NO_ANSWER = "no_answer_within_seq_len"
+MARK_OPEN, MARK_CLOSE = "\u27e6", "\u27e7"  # around the trained text of the example
+
+
+def _percentile(sorted_values: Sequence[int], q: float) -> int:
+    if not sorted_values:
+        return 0
+    return sorted_values[min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def marked_example(tokenizer: Any, row: Row, fmt: Format) -> dict[str, Any]:
+    """The rendered text of one record and its trained spans, also marked inline with \u27e6 \u27e7."""
+    text, spans = render(tokenizer, row, fmt)
+    marked, cursor = "", 0
+    for start, end in spans:
+        marked += text[cursor:start] + MARK_OPEN + text[start:end] + MARK_CLOSE
+        cursor = end
+    return {"text": text, "trained_spans": [list(s) for s in spans], "marked": marked + text[cursor:]}
+
+
+def encode_report(tokenizer: Any, rows: Sequence[Row], fmt: Format, seq_len: int
+                  ) -> tuple[list[Example], dict[str, Any]]:
+    """The examples of ``rows`` and what became of them: tokens per row, rows truncated and dropped (and
+    why, with their 1-based numbers), the tokens kept and the tokens trained."""
+    examples: list[Example] = []
+    lengths: list[int] = []
+    truncated, dropped = 0, []
+    for number, row in enumerate(rows, start=1):
+        ids, learn = tokenise(tokenizer, row, fmt)
+        lengths.append(len(ids))
+        example = _example(ids[:seq_len], learn[:seq_len])
+        if example is None:
+            dropped.append(number)
+            continue
+        truncated += len(ids) > seq_len
+        examples.append(example)
+    ordered = sorted(lengths)
+    report = {
+        "rows": len(rows), "seq_len": seq_len,
+        "tokens_per_row": {"p50": _percentile(ordered, 0.5), "p95": _percentile(ordered, 0.95),
+                           "max": ordered[-1] if ordered else 0,
+                           "mean": round(sum(ordered) / len(ordered), 1) if ordered else 0.0},
+        "truncated_rows": truncated,
+        "dropped_rows": len(dropped),
+        "dropped": {NO_ANSWER: len(dropped)} if dropped else {},
+        "dropped_row_numbers": dropped[:20],
+        "kept_rows": len(examples),
+        "tokens": sum(len(e.input_ids) for e in examples),
+        "trained_tokens": sum(e.num_targets for e in examples),
+    }
+    return examples, report
+
+
+def check_dropped_share(report: dict[str, Any], max_share: float) -> str | None:
+    """Why the rows dropped are too many (with the counts), or None."""
+    rows, dropped = report["rows"], report["dropped_rows"]
+    if rows and dropped / rows > max_share:
+        numbers = ", ".join(map(str, report["dropped_row_numbers"][:10]))
+        more = ", ..." if dropped > 10 else ""
+        return (f"{dropped} of {rows} rows ({dropped / rows:.1%}) would be dropped: no answer token within "
+                f"seq_len {report['seq_len']} (rows {numbers}{more} of the training split); the limit is "
+                f"{max_share:.1%} (dataset.max_dropped_fraction). Raise seq_len, shorten the prompts, or "
+                "raise the limit")
+    return None
+
+
+# --------------------------------------------------------------------------- packing
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One training row of ``seq_len`` tokens filled with whole examples (indices into the examples)."""
+
+    members: tuple[int, ...]
+
+
+def pack(examples: Sequence[Example], seq_len: int) -> list[Packed]:
+    """Whole examples into rows of at most ``seq_len`` tokens, longest first, each into the fullest row it
+    fits (best fit decreasing); the result depends only on the lengths."""
+    order = sorted(range(len(examples)), key=lambda i: (-len(examples[i].input_ids), i))
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, row index), sorted
+    for i in order:
+        size = len(examples[i].input_ids)
+        at = bisect.bisect_left(free, (size, -1))
+        if at < len(free):
+            room, row = free.pop(at)
+            rows[row].append(i)
+            room -= size
+        else:
+            row, room = len(rows), seq_len - size
+            rows.append([i])
+        if room > 0:
+            bisect.insort(free, (room, row))
+    return [Packed(tuple(r)) for r in rows]
+
+
+def collate_packed(examples: Sequence[Example], rows: Sequence[Packed], seq_len: int, pad: int
+                   ) -> dict[str, list[list[int]]]:
+    """Packed rows padded to ``seq_len``: position ids restart at each example (the attention masks of
+    transformers and flash-attention's varlen path confine attention to it) and no label predicts
+    across a boundary. No attention mask: one would turn the packed-sequence detection off."""
+    ids, labels, positions = [], [], []
+    for row in rows:
+        r_ids: list[int] = []
+        r_labels: list[int] = []
+        r_pos: list[int] = []
+        for i in row.members:
+            e = examples[i]
+            r_ids += e.input_ids
+            r_labels += [IGNORE, *e.labels[1:]]
+            r_pos += range(len(e.input_ids))
+        gap = seq_len - len(r_ids)
+        ids.append(r_ids + [pad] * gap)
+        labels.append(r_labels + [IGNORE] * gap)
+        positions.append(r_pos + list(range(gap)))
+    return {"input_ids": ids, "labels": labels, "position_ids": positions}
+
+
+def length_grouped(order: list[int], lengths: Sequence[int], group: int) -> list[int]:
+    """``order`` with each run of ``group`` indices sorted by length, so a micro-batch pads little."""
+    out: list[int] = []
+    for start in range(0, len(order), group):
+        out += sorted(order[start : start + group], key=lambda i: lengths[i])
+    return out
 
 
 # --------------------------------------------------------------------------- split and order
@@ -313,10 +449,12 @@ class MicroBatchOrder:
     that starts at ``k = step * gradient_accumulation_steps`` sees the data the first run would have.
     """
 
-    def __init__(self, num_rows: int, micro_batch_size: int, world_size: int, rank: int, seed: int):
+    def __init__(self, num_rows: int, micro_batch_size: int, world_size: int, rank: int, seed: int,
+                 lengths: Sequence[int] | None = None):
         if num_rows < 1:
             raise ValueError("no rows to train on")
         self.num_rows = num_rows
+        self.lengths = lengths  # given: micro-batches of similar lengths (runs of 64 batches sorted)
         self.mbs = micro_batch_size
         self.world = world_size
         self.rank = rank
@@ -330,6 +468,8 @@ class MicroBatchOrder:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
             need = self.per_epoch * self.mbs * self.world
             order = (order * math.ceil(need / len(order)))[:need]  # wrap so every rank gets full batches
+            if self.lengths is not None:
+                order = length_grouped(order, self.lengths, self.mbs * self.world * 64)
             self._cache = (epoch, order)
         return self._cache[1]
 
