@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from api.datasets import service
+from api.datasets import inspect, service
+from api.datasets.inspect import InspectRequest
 from api.datasets.schemas import DatasetCreated, DatasetList, DatasetRead, DatasetUpdate
 from api.deps import CurrentUser, SessionDep, SettingsDep
 from api.errors import FieldError, InvalidInput
@@ -69,6 +70,14 @@ async def upload_dataset(
     if not new:
         response.status_code = 200
     return created
+
+
+@router.post("/inspect", summary="What training makes of a dataset with a model's tokenizer and template",
+             description="Rows, tokens per row (p50/p95/max), rows truncated, rows dropped and why, tokens "
+                         "and trained tokens, and one rendered example with its trained spans.")
+def inspect_dataset(body: InspectRequest, session: SessionDep, settings: SettingsDep,
+                    user: CurrentUser) -> dict[str, Any]:
+    return inspect.inspect(session, settings, user, body)
 
 
 @router.get("", summary="Your datasets (everyone's for an admin), newest first")

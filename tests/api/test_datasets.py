@@ -152,3 +152,26 @@ def test_uploading_the_same_bytes_again_returns_the_first_dataset(env: Env) -> N
     assert changed.status_code == 201 and changed.json()["id"] != first.json()["id"]
     assert env.count(Dataset) == 3
     assert len(list((Path(env.settings.data_dir) / "datasets").glob("*.jsonl"))) == 3
+
+
+def test_inspect_tokenises_with_the_models_tokenizer_in_a_child_process(env: Env) -> None:
+    from tests.tinymodel import build_tiny_model
+
+    build_tiny_model(Path(env.settings.model_roots[0]) / "tiny")
+    rows = alpaca_rows(5) + [{"instruction": "word " * 80, "input": "", "output": "x"}]
+    ds = env.client.post("/v1/datasets", content=_jsonl(rows), headers=env.auth()).json()
+    body = {"dataset": {"id": ds["id"]}, "model": {"path": "tiny"}, "seq_len": 64}
+    res = env.client.post("/v1/datasets/inspect", json=body, headers=env.auth())
+    assert res.status_code == 200, res.text
+    report = res.json()
+    assert (report["rows"], report["kept_rows"], report["dropped_rows"]) == (6, 5, 1)
+    assert report["dropped_row_numbers"] == [6] and report["tokens_per_row"]["max"] > 64
+    assert 0 < report["trained_tokens"] < report["tokens"] and "\u27e6" in report["example"]["marked"]
+    by_path = env.client.post("/v1/datasets/inspect", headers=env.auth(),
+                              json={**body, "dataset": {"path": "train.jsonl"}})
+    assert by_path.status_code == 200 and by_path.json()["rows"] == 12
+    assert env.client.post("/v1/datasets/inspect", json=body, headers=env.auth("bob")).json()["errors"][0][
+        "field"] == "dataset.id"
+    no_tokenizer = env.client.post("/v1/datasets/inspect", json={**body, "model": {"path": "small"}},
+                                   headers=env.auth())
+    assert no_tokenizer.status_code == 422 and no_tokenizer.json()["errors"][0]["field"] == "model.path"
