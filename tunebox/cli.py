@@ -7,6 +7,8 @@ Client commands talk to ``TUNEBOX_URL`` (default http://127.0.0.1:8000) with ``T
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
 import time
@@ -372,6 +374,45 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if result.fits else 1
 
 
+def print_inspection(report: dict[str, Any], out: Any) -> None:
+    t = report["tokens_per_row"]
+    dropped = ", ".join(f"{n} {why}" for why, n in report["dropped"].items()) or "none"
+    print(f"format          {report['format']}", file=out)
+    print(f"rows            {report['rows']}  (kept {report['kept_rows']})", file=out)
+    print(f"tokens per row  p50 {t['p50']}  p95 {t['p95']}  max {t['max']}", file=out)
+    print(f"truncated rows  {report['truncated_rows']}  (to seq_len {report['seq_len']})", file=out)
+    print(f"dropped rows    {report['dropped_rows']}  ({dropped})", file=out)
+    if report["dropped_row_numbers"]:
+        print(f"                rows {', '.join(map(str, report['dropped_row_numbers']))}", file=out)
+    print(f"tokens          {report['tokens']}  (trained {report['trained_tokens']})", file=out)
+    if report.get("example"):
+        print("example (trained text between \u27e6 \u27e7):", file=out)
+        print(report["example"]["marked"], file=out)
+
+
+def cmd_dataset(args: argparse.Namespace) -> int:
+    from worker.inspect_data import main as inspect_main
+
+    argv = [str(args.file), "--model", str(args.model), "--seq-len", str(args.seq_len),
+            "--format", args.format]
+    if args.name:
+        argv += ["--name", args.name]
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = inspect_main(argv)
+    report = json.loads(buffer.getvalue())
+    if code != 0:
+        error = report["error"]
+        row = f" (row {error['row']})" if error.get("row") else ""
+        print(f"  {error['field']}: {error['message']}{row}", file=sys.stderr)
+        return code
+    if args.json:
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        print_inspection(report, sys.stdout)
+    return 0
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     import migrations
     from tunebox.settings import Settings
@@ -512,6 +553,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-gib", type=float)
     p.add_argument("--host-memory-gib", type=float)
     p.set_defaults(local_command=cmd_plan)
+
+    p = sub.add_parser("dataset", help="datasets, locally (no server)")
+    dssub = p.add_subparsers(dest="dataset_command", required=True)
+    ins = dssub.add_parser("inspect", help="what training makes of a dataset: rows, tokens, truncated and "
+                           "dropped rows, a rendered example with its trained text marked")
+    ins.add_argument("file", type=Path)
+    ins.add_argument("--model", type=Path, required=True, help="a local Hugging Face model folder")
+    ins.add_argument("--seq-len", type=int, required=True)
+    ins.add_argument("--format", default="auto", help="auto | alpaca | sharegpt | openai | text")
+    ins.add_argument("--name", help="the entry of a LLaMA-Factory dataset_info.json")
+    ins.add_argument("--json", action="store_true")
+    p.set_defaults(local_command=cmd_dataset)
 
     p = sub.add_parser("db", help="database migrations")
     dbsub = p.add_subparsers(dest="db_command", required=True)
