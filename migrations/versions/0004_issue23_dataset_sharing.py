@@ -1,7 +1,7 @@
 """datasets.shared (an owner's explicit share with the team); datasets(owner_id, sha256) finds a repeat upload
 
 Revision ID: 0004_issue23_dataset_sharing
-Revises: 0003_jobs_owner_status_index
+Revises: 0004_issue22_box_probes
 Create Date: 2026-12-02 02:30:00
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0004_issue23_dataset_sharing"
-down_revision: str | None = "0003_jobs_owner_status_index"
+down_revision: str | None = "0004_issue22_box_probes"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
