@@ -147,6 +147,26 @@ def cancel_job(job_id: JobId, session: SessionDep, user: CurrentUser, response: 
     return job
 
 
+@router.post("/{job_id}/pause", summary="Pause a job: checkpoint at the next step, free its GPUs",
+             responses={**_PROBLEMS, 202: {"description": "Pausing: the training checkpoints and ends"},
+                        403: {"description": "Not the owner nor an admin"},
+                        409: {"description": "Not running"}})
+def pause_job(job_id: JobId, session: SessionDep, user: CurrentUser, response: Response) -> JobRead:
+    job = service.pause_job(session, user, job_id)
+    response.status_code = 200 if job.status is JobStatus.PAUSED else 202
+    return job  # pausing: the worker moves it to paused once the checkpoint is saved
+
+
+@router.post("/{job_id}/resume", summary="Resume a paused job from its checkpoint",
+             responses={**_PROBLEMS, 403: {"description": "Not the owner nor an admin"},
+                        409: {"description": "Not paused"}})
+def resume_job(job_id: JobId, request: Request, session: SessionDep, user: CurrentUser) -> JobRead:
+    job = service.resume_job(session, user, job_id)
+    after_commit(session, partial(service.dispatch, request.app.state.enqueue, job.id, job.priority,
+                                  service.new_task_id()))
+    return job
+
+
 @router.patch("/{job_id}", summary="Change a job's priority (admin)", responses=_PROBLEMS)
 def update_job(job_id: JobId, body: JobUpdate, session: SessionDep, admin: AdminUser) -> JobRead:
     return service.set_priority(session, admin, job_id, body.priority)
