@@ -21,6 +21,7 @@ from api.jobs.router import router as jobs_router
 from api.jobs.service import Enqueue
 from api.jobs.stream import StreamTiming
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from api.openai import files_router, fine_tuning_router
 from api.ops.metrics import ApiMetrics
 from api.ops.router import router as ops_router
 from api.plans.router import router as plans_router
@@ -89,6 +90,8 @@ def create_app(
     document_problems(app)
     for router in (ops_router, plans_router, jobs_router, datasets_router, gpus_router):
         app.include_router(router)
+    app.include_router(files_router)
+    app.include_router(fine_tuning_router)
     # added last = outermost: the limit applies before anything reads the body
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
