@@ -37,7 +37,14 @@ from api.jobs.schemas import (
     Progress,
 )
 from api.paths import confine
-from api.plans.service import check_storable, hardware_for, make_plan, refusal, resolve_model
+from api.plans.service import (
+    absorb_deepspeed_config,
+    check_storable,
+    hardware_for,
+    make_plan,
+    refusal,
+    resolve_model,
+)
 from planner import Plan
 from planner.spec import JobSpec
 from store.base import utcnow
@@ -266,6 +273,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     Returns the job and the Celery task id stored with it (to send under after the commit).
     """
     check_storable(spec)
+    spec = absorb_deepspeed_config(spec)
     _check_queue_limit(session, user, settings)
     spec = resolve_model(spec, settings, required=True)
     spec, dataset_id = _resolve_dataset(session, spec, settings, user)
