@@ -177,11 +177,54 @@ def load_spec(path: str) -> dict[str, Any]:
     return data
 
 
+def _json_beside(path: str, named: str, what: str) -> dict[str, Any]:
+    """A JSON file a config names: as given, beside the config, or by its name beside the config."""
+    import json
+
+    base = Path(path).parent
+    for candidate in (Path(named), base / named, base / Path(named).name):
+        if candidate.is_file():
+            try:
+                data = json.loads(candidate.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                raise CliError(f"{candidate}: not valid JSON: {exc}") from None
+            if isinstance(data, dict):
+                return data
+            raise CliError(f"{candidate}: {what} is a JSON object")
+    raise CliError(f"{path}: {what} {named!r} not found (as given, or beside the config)")
+
+
+def spec_from_llamafactory(path: str, out: Any = sys.stderr) -> dict[str, Any]:
+    """The job spec of a LLaMA-Factory training YAML; prints it and the keys it does not take to ``out``."""
+    import yaml
+
+    from planner import PlanError
+    from planner.llamafactory import convert
+
+    config = load_spec(path)
+    deepspeed = _json_beside(path, str(config["deepspeed"]), "the DeepSpeed config") \
+        if config.get("deepspeed") else None
+    info_path = Path(str(config.get("dataset_dir", "data"))) / "dataset_info.json"
+    info = _json_beside(path, str(info_path), "dataset_info.json") if info_path.is_file() else None
+    try:
+        converted = convert(config, deepspeed=deepspeed, dataset_info=info)
+    except PlanError as exc:
+        raise CliError(f"{path}: {exc.field}: {exc.message}") from None
+    print(f"# the tunebox spec of {path}", file=out)
+    print(yaml.safe_dump(converted.spec, sort_keys=False).rstrip(), file=out)
+    if converted.unmapped:
+        print(f"# not taken from {path}:", file=out)
+        for key, why in converted.unmapped.items():
+            print(f"#   {key}: {why}", file=out)
+    return converted.spec
+
+
 # --------------------------------------------------------------------------- client commands
 
 
 def cmd_submit(args: argparse.Namespace, client: Client) -> int:
-    job = client.submit(load_spec(args.spec), idempotency_key=args.idempotency_key)
+    spec = spec_from_llamafactory(args.spec) if args.source == "llamafactory" else load_spec(args.spec)
+    job = client.submit(spec, idempotency_key=args.idempotency_key)
     print(job["id"], flush=True)  # alone on standard output, for scripts; the plan goes to stderr
     if job.get("plan"):
         print_plan_summary(job["plan"], sys.stderr)
@@ -421,6 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("submit", help="submit a job spec (YAML or JSON); prints the job id")
     p.add_argument("spec")
+    p.add_argument("--from", dest="source", choices=("tunebox", "llamafactory"), default="tunebox",
+                   help="llamafactory: a LLaMA-Factory training YAML, converted and printed first")
     p.add_argument("--idempotency-key", help="resubmitting with the same key never makes a second job")
     p.set_defaults(client_command=cmd_submit)
 
