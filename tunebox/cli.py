@@ -194,8 +194,8 @@ def _json_beside(path: str, named: str, what: str) -> dict[str, Any]:
     raise CliError(f"{path}: {what} {named!r} not found (as given, or beside the config)")
 
 
-def spec_from_llamafactory(path: str, out: Any = sys.stderr) -> dict[str, Any]:
-    """The job spec of a LLaMA-Factory training YAML; prints it and the keys it does not take to ``out``."""
+def spec_from_llamafactory(path: str) -> dict[str, Any]:
+    """The job spec of a LLaMA-Factory training YAML; prints it and the keys it does not take (stderr)."""
     import yaml
 
     from planner import PlanError
@@ -210,12 +210,12 @@ def spec_from_llamafactory(path: str, out: Any = sys.stderr) -> dict[str, Any]:
         converted = convert(config, deepspeed=deepspeed, dataset_info=info)
     except PlanError as exc:
         raise CliError(f"{path}: {exc.field}: {exc.message}") from None
-    print(f"# the tunebox spec of {path}", file=out)
-    print(yaml.safe_dump(converted.spec, sort_keys=False).rstrip(), file=out)
+    print(f"# the tunebox spec of {path}", file=sys.stderr)
+    print(yaml.safe_dump(converted.spec, sort_keys=False).rstrip(), file=sys.stderr)
     if converted.unmapped:
-        print(f"# not taken from {path}:", file=out)
+        print(f"# not taken from {path}:", file=sys.stderr)
         for key, why in converted.unmapped.items():
-            print(f"#   {key}: {why}", file=out)
+            print(f"#   {key}: {why}", file=sys.stderr)
     return converted.spec
 
 
