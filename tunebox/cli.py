@@ -268,6 +268,18 @@ def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def cmd_pause(args: argparse.Namespace, client: Client) -> int:
+    job = client.pause(args.id)
+    print(f"{job['id']} {job['status']}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace, client: Client) -> int:
+    job = client.resume(args.id)
+    print(f"{job['id']} {job['status']}")
+    return 0
+
+
 def watch(client: Client, job_id: str, *, interval: float, out: TextIO,
           sleep: Callable[[float], None] = time.sleep) -> int:
     """Redraw the progress line until the job ends; 0 if it succeeded, 1 otherwise."""
@@ -494,6 +506,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("id")
     p.set_defaults(client_command=cmd_cancel)
+
+    p = sub.add_parser("pause", help="pause a running job: it checkpoints at its next step, frees its GPUs")
+    p.add_argument("id")
+    p.set_defaults(client_command=cmd_pause)
+
+    p = sub.add_parser("resume", help="queue a paused job again; it continues from its checkpoint")
+    p.add_argument("id")
+    p.set_defaults(client_command=cmd_resume)
 
     p = sub.add_parser("plan", help="run the planner locally (no server)")
     p.add_argument("spec")

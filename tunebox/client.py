@@ -86,6 +86,12 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
 
+    def pause(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/pause"))
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/resume"))
+
     def events(self, job_id: str, *, after: int = 0, limit: int = 200) -> dict[str, Any]:
         params = {"after": after, "limit": limit}
         return dict(self._request("GET", f"/v1/jobs/{job_id}/events", params=params))
