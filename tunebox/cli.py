@@ -268,6 +268,26 @@ def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace, client: Client) -> int:
+    import tempfile
+
+    from tunebox import export
+
+    dest = Path(args.dest)
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = client.download(args.id, Path(tmp) / "checkpoint.tar.gz", step=args.checkpoint)
+        folder = export.unpack(archive, Path(tmp) / "unpacked")
+        if not args.merge or not export.is_adapter(folder):
+            export.copy_folder(folder, dest)  # a full fine-tune's checkpoint is a whole model already
+        else:
+            base = Path(args.base or client.job(args.id)["spec"]["model"]["path"])
+            if not (base / "config.json").is_file():
+                raise CliError(f"{base}: the base model folder is not here; name it with --base")
+            export.merge(folder, base, dest)
+    print(dest)
+    return 0
+
+
 def cmd_pause(args: argparse.Namespace, client: Client) -> int:
     job = client.pause(args.id)
     print(f"{job['id']} {job['status']}")
@@ -506,6 +526,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("id")
     p.set_defaults(client_command=cmd_cancel)
+
+    p = sub.add_parser("export", help="a job's final adapter (or a checkpoint) into DEST; --merge: merged")
+    p.add_argument("id")
+    p.add_argument("dest")
+    p.add_argument("--checkpoint", type=int, help="the checkpoint of this step instead of the final adapter")
+    p.add_argument("--merge", action="store_true", help="merge the adapter into its base model (bf16)")
+    p.add_argument("--base", help="the base model folder; default: the job's model.path")
+    p.set_defaults(client_command=cmd_export)
 
     p = sub.add_parser("pause", help="pause a running job: it checkpoints at its next step, frees its GPUs")
     p.add_argument("id")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path as PathLib
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
@@ -31,8 +32,8 @@ from api.errors import (
     TooManyRequests,
     retry_after_header,
 )
-from api.jobs import idempotency, logs, service
-from api.jobs.deps import JobId, ValidJob
+from api.jobs import archive, idempotency, logs, service
+from api.jobs.deps import JobId, JobRef, ValidJob
 from api.jobs.schemas import (
     CheckpointList,
     EventList,
@@ -209,6 +210,35 @@ def job_metrics(
 @router.get("/{job_id}/checkpoints", summary="Checkpoints of a job")
 def job_checkpoints(session: SessionDep, ref: ValidJob) -> CheckpointList:
     return service.list_checkpoints(session, ref.job.id)
+
+
+@router.get("/{job_id}/checkpoints/{step}/archive", summary="A checkpoint as .tar.gz (adapter or model)",
+            response_class=StreamingResponse, responses=_PROBLEMS)
+def checkpoint_archive(
+    session: SessionDep, ref: ValidJob, step: Annotated[int, Path(ge=0, le=2**31)],
+    with_state: Annotated[bool, Query(description="Include DeepSpeed's resume state (ds/).")] = False,
+) -> StreamingResponse:
+    return _archive(session, ref, step, with_state)
+
+
+@router.get("/{job_id}/adapter", summary="The final adapter (or model) as .tar.gz",
+            response_class=StreamingResponse, responses=_PROBLEMS)
+def final_archive(session: SessionDep, ref: ValidJob) -> StreamingResponse:
+    return _archive(session, ref, None, False)
+
+
+def _archive(session: Session, ref: JobRef, step: int | None, with_state: bool) -> StreamingResponse:
+    found = archive.find_checkpoint(session, ref.job.id, step)
+    name = f"{ref.job.id}-step-{found.step}"
+    body = archive.build(PathLib(found.path), name, with_state=with_state)
+
+    def chunks() -> Any:
+        with body:
+            while chunk := body.read(1 << 20):
+                yield chunk
+
+    return StreamingResponse(chunks(), media_type="application/gzip", headers={
+        "Content-Disposition": f'attachment; filename="{name}.tar.gz"', "X-Checkpoint-Step": str(found.step)})
 
 
 @router.get("/{job_id}/logs", summary="The training log (text); `tail` lines, `follow` as it grows",
