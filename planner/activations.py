@@ -185,13 +185,13 @@ def _moments(arch: Arch, setup: Setup, lora: LoraTargets | None, checkpointing: 
 def _activation_peak(arch: Arch, setup: Setup, lora: LoraTargets | None, checkpointing: bool) -> int:
     act = 4 if setup.precision == "fp32" else 2
     kept, backward = _moments(arch, setup, lora, checkpointing)
-    per_token = max(kept + logits_bytes_per_token(arch, act), backward)
-    return per_token * setup.tokens_per_micro_batch
+    tokens = setup.tokens_per_micro_batch
+    return max(kept * tokens + logits_bytes_per_token(arch, act) * setup.logits_tokens, backward * tokens)
 
 
 def estimate_activations(arch: Arch, setup: Setup, lora: LoraTargets | None) -> ActivationEstimate:
     act = 4 if setup.precision == "fp32" else 2
-    logits = logits_bytes_per_token(arch, act) * setup.tokens_per_micro_batch
+    logits = logits_bytes_per_token(arch, act) * setup.logits_tokens
     full = _activation_peak(arch, setup, lora, False) - logits
     ckpt = _activation_peak(arch, setup, lora, True) - logits
     kept, backward = _moments(arch, setup, lora, setup.gradient_checkpointing)

@@ -285,6 +285,7 @@ def _base_setup(p: Prepared) -> Setup:
         optimizer=t.optimizer.value,
         attn_implementation=attention_for(p.arch, t.attn_implementation),
         knobs=p.pinned.knobs,
+        loss_chunk_tokens=t.loss_chunk_tokens,
     )
 
 
@@ -412,10 +413,17 @@ def _alternatives(p: Prepared, chosen: Candidate, found: Found) -> list[Alternat
 def _steps(spec: JobSpec, global_batch: int) -> int | None:
     if spec.training.max_steps is not None:
         return spec.training.max_steps
-    if spec.dataset is None or spec.dataset.num_rows is None or spec.training.epochs is None:
+    ds, t, epochs = spec.dataset, spec.training, spec.training.epochs
+    if ds is None or epochs is None:
         return None
-    train_rows = max(1, math.floor(spec.dataset.num_rows * (1 - spec.dataset.eval_fraction)))
-    return max(1, math.ceil(train_rows / global_batch * spec.training.epochs))
+    if t.packing and ds.num_tokens is not None:
+        # packed rows are seq_len tokens each: a step is exactly micro_batch x seq_len tokens per GPU
+        train_tokens = ds.num_tokens * (1 - ds.eval_fraction)
+        return max(1, math.ceil(math.ceil(train_tokens / t.seq_len) / global_batch * epochs))
+    if ds.num_rows is None:
+        return None
+    train_rows = max(1, math.floor(ds.num_rows * (1 - ds.eval_fraction)))
+    return max(1, math.ceil(train_rows / global_batch * epochs))
 
 
 def _per_gpu(c: Candidate, capacity: int) -> PerGpuMemory:

@@ -500,6 +500,7 @@ def _activations(
     precision: Precision,
     attn: str,
     zero3: bool,
+    loss_chunk_tokens: int | None = None,
 ) -> ActivationEstimate:
     s = Setup(
         method=method,
@@ -514,6 +515,7 @@ def _activations(
         precision=precision,
         optimizer="adamw",
         attn_implementation=attn,
+        loss_chunk_tokens=loss_chunk_tokens,
     )
     return estimate_activations(facts.arch, s, facts.lora)
 
@@ -532,6 +534,7 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
         s.precision,
         s.attn_implementation,
         s.zero_stage == 3,
+        s.loss_chunk_tokens,
     )
     bufs = _zero_buffers(facts, s, w)
     gathered = _gathered_bytes(facts, s)
@@ -632,7 +635,7 @@ def _at_head_backward(facts: ModelFacts, s: Setup, w: int, acts: ActivationEstim
         return 0.0
     arch = facts.arch
     act = 4 if s.precision == "fp32" else 2
-    logits_grads = (act + _FP32) * arch.vocab_size * s.tokens_per_micro_batch
+    logits_grads = (act + _FP32) * arch.vocab_size * s.logits_tokens
     head = w * arch.vocab_size * arch.hidden_size * (2 if arch.tie_word_embeddings else 1)
     return acts.kept_at_loss_bytes + logits_grads + head
 
@@ -699,7 +702,7 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
     )
     return (
         C.ALLOCATOR_SLACK_BYTES
-        + C.ALLOCATOR_LOGITS_BLOCKS * _FP32 * arch.vocab_size * s.tokens_per_micro_batch
+        + C.ALLOCATOR_LOGITS_BLOCKS * _FP32 * arch.vocab_size * s.logits_tokens
         + largest * _FP32 * _largest_trainable(facts)
         + fetched
         + _stranded_buckets(facts, s, w)
@@ -723,7 +726,7 @@ def _extra_loss_block(facts: ModelFacts, s: Setup, w: int) -> float:
     ``ALLOCATOR_SOFTCAP_BLOCKS`` and ``ALLOCATOR_MOMENTS_BLOCKS``. A soft-capped loss without
     checkpointing counts its block once."""
     arch = facts.arch
-    block = _FP32 * arch.vocab_size * s.tokens_per_micro_batch
+    block = _FP32 * arch.vocab_size * s.logits_tokens
     if arch.final_logit_softcapping and not s.gradient_checkpointing:
         return C.ALLOCATOR_SOFTCAP_BLOCKS * block
     if _moments_take_a_loss_block(facts, s, w):
@@ -757,12 +760,12 @@ def _moments_take_a_loss_block(facts: ModelFacts, s: Setup, w: int) -> bool:
     per_token = w * arch.intermediate_size
     if s.attn_implementation == "eager":
         per_token = max(per_token, _FP32 * arch.num_heads * s.seq_len)
-    tokens = s.tokens_per_micro_batch
-    if not per_token * tokens < moment <= _FP32 * arch.vocab_size * tokens:
+    tokens, logits = s.tokens_per_micro_batch, s.logits_tokens
+    if not per_token * tokens < moment <= _FP32 * arch.vocab_size * logits:
         return False
     if arch.final_logit_softcapping:
         return True
-    return _moment_tensors(s.optimizer) * moment > w * arch.vocab_size * tokens
+    return _moment_tensors(s.optimizer) * moment > w * arch.vocab_size * logits
 
 
 def _stranded_buckets(facts: ModelFacts, s: Setup, w: int) -> float:

@@ -47,10 +47,19 @@ class Setup:
     optimizer: OptimizerName
     attn_implementation: str = "sdpa"
     knobs: ZeroKnobs = ZeroKnobs()
+    #: the loss computed this many positions at a time (training.loss_chunk_tokens); None: full logits
+    loss_chunk_tokens: int | None = None
 
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.micro_batch_size * self.seq_len
+
+    @property
+    def logits_tokens(self) -> int:
+        """The positions whose vocabulary-sized logits exist at once: a chunk, or the micro-batch."""
+        if self.loss_chunk_tokens is None:
+            return self.tokens_per_micro_batch
+        return min(self.tokens_per_micro_batch, self.loss_chunk_tokens)
 
     @property
     def host_accumulation_buffer(self) -> bool:

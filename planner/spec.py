@@ -49,6 +49,7 @@ class OffloadDevice(StrEnum):
 class DatasetFormat(StrEnum):
     ALPACA = "alpaca"
     SHAREGPT = "sharegpt"
+    OPENAI = "openai"
     TEXT = "text"
     AUTO = "auto"
 
@@ -84,13 +85,23 @@ class DatasetRef(_Strict):
     path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     id: Annotated[str, Field(pattern=r"^ds_[A-Za-z0-9]{1,64}$")] | None = None
     format: DatasetFormat = DatasetFormat.AUTO
+    name: Annotated[str, Field(min_length=1, max_length=256,
+                               description="the entry of a LLaMA-Factory dataset_info.json at path")
+                    ] | None = None
     eval_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
+    #: refuse the job when more than this share of its training rows has no answer token within seq_len
+    max_dropped_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
     num_rows: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
+    #: tokens of all rows after truncation to seq_len (``tunebox dataset inspect`` reports it): packed
+    #: training takes this many tokens per epoch in rows of seq_len
+    num_tokens: Annotated[int, Field(ge=1, le=10**13)] | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DatasetRef:
         if (self.path is None) == (self.id is None):
             raise ValueError("dataset needs exactly one of path, id")
+        if self.name is not None and self.path is None:
+            raise ValueError("dataset.name picks an entry of a dataset_info.json: it needs dataset.path")
         return self
 
 
@@ -112,6 +123,11 @@ class TrainingSpec(_Strict):
     micro_batch_size: Annotated[int, Field(ge=1, le=4096)] | Auto = AUTO
     gradient_accumulation_steps: Annotated[int, Field(ge=1, le=65536)] = 8
     seq_len: Annotated[int, Field(ge=8, le=1_048_576)] = 1024
+    #: whole examples packed into seq_len rows, attention confined to each; off: length-grouped batches
+    packing: bool = True
+    #: the loss computed this many labelled positions at a time, never the whole micro-batch's logits;
+    #: None: the model's own loss over its full logits
+    loss_chunk_tokens: Annotated[int, Field(ge=16, le=1_048_576)] | None = None
     gradient_checkpointing: bool | Auto = AUTO
     precision: Precision = Precision.BF16
     optimizer: Optimizer = Optimizer.ADAMW

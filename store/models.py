@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -58,6 +59,8 @@ class ApiToken(Base):
 
 class Dataset(Base):
     __tablename__ = "datasets"
+    # a repeat upload by its owner is found by its hash
+    __table_args__ = (Index("ix_datasets_owner_sha256", "owner_id", "sha256"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     owner_id: Mapped[str] = mapped_column(ForeignKey("users.id"), index=True)
@@ -67,6 +70,8 @@ class Dataset(Base):
     num_rows: Mapped[int] = mapped_column(Integer)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64))
+    # the owner's explicit share: every user may list, read and train on it
+    shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -90,6 +95,8 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0)
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
     plan: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    # what the trainer made of the dataset: rows and tokens trained, rows truncated and dropped
+    data_report: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     dataset_id: Mapped[str | None] = mapped_column(ForeignKey("datasets.id"))
     num_gpus: Mapped[int] = mapped_column(Integer, default=1)
     planned_peak_gpu_bytes: Mapped[int | None] = mapped_column(BigInteger)

@@ -2,14 +2,11 @@
 
 A dataset is a ``.json`` file holding one JSON array of records, or JSON Lines (one record per
 line; blank lines are skipped). The container is sniffed from the content, not the file name, so
-an upload stored under any name reads the same. Every record of a dataset has one schema:
+an upload stored under any name reads the same. Every record of a dataset has one schema, one of
+``alpaca``, ``sharegpt``, ``openai`` and ``text`` (see :mod:`tunebox.dataset_formats` and
+``docs/datasets.md``); fields tunebox does not train (preference data, media) are refused.
 
-- ``alpaca``: ``{"instruction": str, "input": str (optional), "output": str}``
-- ``sharegpt``: ``{"conversations": [{"from": "human"|"gpt"|"system", "value": str}, ...]}`` or
-  ``{"messages": [{"role": "user"|"assistant"|"system", "content": str}, ...]}``
-- ``text``: ``{"text": str}``
-
-Extra keys in a record are ignored. Problems raise :class:`DatasetError`, whose ``field`` names
+Other extra keys in a record are ignored. Problems raise :class:`DatasetError`, whose ``field`` names
 what is wrong (``"dataset"`` for the file as a whole, ``"dataset.format"`` for a declared format
 that does not match, otherwise the key inside the record such as ``"output"`` or
 ``"conversations[2].from"``) and whose ``row`` is the 1-based record number where one applies.
@@ -21,10 +18,14 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, cast
+
+from tunebox import dataset_formats as formats
+from tunebox.dataset_formats import FORMATS, Conversation, Format
 
 __all__ = [
     "FORMATS",
+    "Conversation",
     "DatasetError",
     "DatasetInfo",
     "Format",
@@ -32,15 +33,12 @@ __all__ = [
     "inspect_dataset",
     "iter_records",
     "load_records",
+    "resolve_source",
+    "to_conversation",
     "to_messages",
 ]
 
-Format = Literal["alpaca", "sharegpt", "text"]
-FORMATS: tuple[Format, ...] = ("alpaca", "sharegpt", "text")
 SAMPLE_ROWS = 3
-
-_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
-_MESSAGE_ROLES = {"user", "assistant", "system"}
 
 
 class DatasetError(ValueError):
@@ -120,73 +118,115 @@ def iter_records(path: Path) -> Iterator[dict[str, Any]]:
         yield record
 
 
+# --------------------------------------------------------------------------- LLaMA-Factory dataset_info.json
+
+_INFO_SOURCES = ("file_name", "hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
+_INFO_UNTRAINED = {"chosen": "preference pairs (DPO/ORPO)", "rejected": "preference pairs (DPO/ORPO)",
+                   "kto_tag": "KTO labels", "images": "images", "videos": "video", "audios": "audio"}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the records are and how to read them: a data file, or one entry of a dataset_info.json."""
+
+    path: Path
+    declared: str
+    mapping: dict[str, str] | None = None
+    entry: str | None = None
+
+
+def _info_entries(path: Path) -> dict[str, Any] | None:
+    """The entries of a LLaMA-Factory ``dataset_info.json``, or None when ``path`` is a data file."""
+    if _first_char(path) != "{" or path.stat().st_size > 16 << 20:
+        return None
+    try:
+        data = json.loads(_decode(path.read_bytes(), None).lstrip("\ufeff"))
+    except (json.JSONDecodeError, DatasetError):
+        return None
+    if isinstance(data, dict) and data and all(
+            isinstance(v, dict) and any(k in v for k in _INFO_SOURCES) for v in data.values()):
+        return data
+    return None
+
+
+def _entry_source(info_path: Path, entries: dict[str, Any], name: str | None, declared: str) -> Source:
+    if name is None or name not in entries:
+        listed = ", ".join(sorted(entries)[:20])
+        what = "a dataset_info.json needs dataset.name" if name is None else f"no entry {name!r}"
+        raise DatasetError("dataset.name", f"{what}; its entries: {listed}")
+    entry = entries[name]
+    where = f"dataset_info.json entry {name!r}"
+    if "file_name" not in entry:
+        raise DatasetError("dataset.name", f"{where} names no local file_name (hub datasets are not "
+                           "downloaded); download it and point file_name at it")
+    if entry.get("ranking"):
+        raise DatasetError("dataset.name", f"{where}: ranking (preference) data is not trained")
+    columns, tags = entry.get("columns") or {}, entry.get("tags") or {}
+    if not isinstance(columns, dict) or not isinstance(tags, dict):
+        raise DatasetError("dataset.name", f"{where}: columns and tags must be objects")
+    for key, what in _INFO_UNTRAINED.items():
+        if key in columns:
+            raise DatasetError("dataset.name", f"{where}: columns.{key} holds {what}, which tunebox does "
+                               "not train (supervised chat and text only)")
+    formatting = entry.get("formatting", "alpaca")
+    if formatting not in ("alpaca", "sharegpt"):
+        raise DatasetError("dataset.name", f"{where}: formatting {formatting!r} (alpaca or sharegpt)")
+    if formatting == "alpaca" and "prompt" in columns and "response" not in columns and len(columns) == 1:
+        formatting = "text"  # LLaMA-Factory's pre-training entries: one text column, trained whole
+    if declared not in ("auto", formatting):
+        raise DatasetError("dataset.format", f"declared {declared} but {where} is {formatting}")
+    data = (info_path.parent / str(entry["file_name"])).resolve()
+    if not data.is_file():
+        raise DatasetError("dataset.name", f"{where}: file_name {entry['file_name']} is not a file next to "
+                           "dataset_info.json")
+    return Source(path=data, declared=formatting, mapping={**columns, **tags}, entry=name)
+
+
+def resolve_source(path: Path, declared: str = "auto", name: str | None = None) -> Source:
+    """The data file behind ``path``: itself, or the entry ``name`` of a LLaMA-Factory dataset_info.json."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError("dataset", f"no such file: {path}")
+    entries = _info_entries(path)
+    if entries is None:
+        if name is not None:
+            raise DatasetError("dataset.name", f"{path.name} is a data file, not a dataset_info.json")
+        return Source(path=path, declared=declared)
+    return _entry_source(path, entries, name, declared)
+
+
 # --------------------------------------------------------------------------- schemas
 
 
-def _need_str(record: dict[str, Any], key: str, row: int | None, *, name: str | None = None,
-              non_empty: bool = False) -> str:
-    value = record.get(key)
-    label = name or key
-    if not isinstance(value, str):
-        got = "missing" if key not in record else f"a {type(value).__name__}"
-        raise DatasetError(label, f"must be a string ({got})", row)
-    if non_empty and not value.strip():
-        raise DatasetError(label, "must not be empty", row)
-    return value
-
-
-def _turns(record: dict[str, Any], row: int | None) -> list[dict[str, str]]:
-    if "conversations" in record:
-        key, role_key, text_key, roles = "conversations", "from", "value", _SHAREGPT_ROLES
-    else:
-        key, role_key, text_key, roles = "messages", "role", "content", {r: r for r in _MESSAGE_ROLES}
-    turns = record[key]
-    if not isinstance(turns, list) or not turns:
-        raise DatasetError(key, "must be a non-empty list of turns", row)
-    out: list[dict[str, str]] = []
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise DatasetError(f"{key}[{i}]", "each turn must be an object", row)
-        who = turn.get(role_key)
-        if who not in roles:
-            raise DatasetError(f"{key}[{i}].{role_key}", f"must be one of {sorted(roles)}, got {who!r}", row)
-        content = _need_str(turn, text_key, row, name=f"{key}[{i}].{text_key}")
-        out.append({"role": roles[who], "content": content})
-    if not any(t["role"] == "assistant" for t in out):
-        raise DatasetError(key, "needs at least one assistant (gpt) turn to learn from", row)
-    return out
-
-
 def detect_format(record: dict[str, Any], row: int | None = None) -> Format:
-    """The schema of one record, or a DatasetError naming the keys it has."""
-    if "conversations" in record or "messages" in record:
-        return "sharegpt"
-    if "instruction" in record or "output" in record:
-        return "alpaca"
-    if "text" in record:
-        return "text"
+    """The schema of one record, or a DatasetError naming the keys it has (or what it holds untrained)."""
+    try:
+        formats.refuse_untrainable(record)
+    except formats.FormatError as exc:
+        raise DatasetError(exc.field, exc.message, row) from None
+    found = formats.detect_format(record)
+    if found is not None:
+        return found
     keys = ", ".join(sorted(record)) or "none"
     raise DatasetError("dataset", f"unknown record schema (keys: {keys}); expected alpaca "
-                       "{instruction, input?, output}, sharegpt {conversations|messages} or text {text}", row)
+                       "{instruction, input?, output}, sharegpt {conversations}, openai {messages} or "
+                       "text {text}", row)
 
 
-def to_messages(record: dict[str, Any], fmt: Format, row: int | None = None) -> list[dict[str, str]]:
-    """A record as chat turns ``[{role, content}]``; a text record is one assistant turn."""
-    if fmt == "sharegpt":
-        return _turns(record, row)
-    if fmt == "alpaca":
-        instruction = _need_str(record, "instruction", row)
-        extra = record.get("input", "")
-        if extra is None:
-            extra = ""
-        if not isinstance(extra, str):
-            raise DatasetError("input", f"must be a string (a {type(extra).__name__})", row)
-        output = _need_str(record, "output", row)
-        prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
-        if not prompt.strip():
-            raise DatasetError("instruction", "must not be empty", row)
-        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
-    return [{"role": "assistant", "content": _need_str(record, "text", row, non_empty=True)}]
+def to_conversation(record: dict[str, Any], fmt: Format, row: int | None = None,
+                    mapping: dict[str, str] | None = None) -> Conversation:
+    """A record as ``{"messages": [...], "tools"?: [...]}`` (see :mod:`tunebox.dataset_formats`)."""
+    try:
+        formats.refuse_untrainable(record)
+        return formats.PARSERS[fmt](record, mapping)
+    except formats.FormatError as exc:
+        raise DatasetError(exc.field, exc.message, row) from None
+
+
+def to_messages(record: dict[str, Any], fmt: Format, row: int | None = None) -> list[dict[str, Any]]:
+    """A record's chat turns; a text record is one assistant turn."""
+    messages: list[dict[str, Any]] = to_conversation(record, fmt, row)["messages"]
+    return messages
 
 
 def _check_declared(declared: str) -> None:
@@ -195,21 +235,21 @@ def _check_declared(declared: str) -> None:
                            f"{', '.join(FORMATS)} or auto")
 
 
-def _validate(records: Iterator[dict[str, Any]], declared: str, max_rows: int | None
-              ) -> Iterator[tuple[Format, dict[str, Any]]]:
+def _validate(source: Source, max_rows: int | None) -> Iterator[tuple[Format, dict[str, Any], Conversation]]:
     first: Format | None = None
-    for row, record in enumerate(records, start=1):
+    declared, mapping = source.declared, source.mapping
+    for row, record in enumerate(iter_records(source.path), start=1):
         if max_rows is not None and row > max_rows:
             raise DatasetError("dataset", f"more than {max_rows} rows (the limit)", row)
-        fmt = detect_format(record, row)
+        # an entry's mapping renames the keys detection looks at: its formatting says the schema
+        fmt = cast(Format, declared) if mapping is not None else detect_format(record, row)
         if first is None:
             first = fmt
             if declared != "auto" and fmt != declared:
                 raise DatasetError("dataset.format", f"declared {declared} but the records are {fmt}", row)
         elif fmt != first:
             raise DatasetError("dataset", f"mixed schemas: row 1 is {first}, row {row} is {fmt}", row)
-        to_messages(record, fmt, row)
-        yield fmt, record
+        yield fmt, record, to_conversation(record, fmt, row, mapping)
     if first is None:
         raise DatasetError("dataset", "the dataset has no records")
 
@@ -217,20 +257,20 @@ def _validate(records: Iterator[dict[str, Any]], declared: str, max_rows: int | 
 # --------------------------------------------------------------------------- entry points
 
 
-def inspect_dataset(path: Path, declared: str = "auto", *, max_rows: int, max_bytes: int) -> DatasetInfo:
-    """Validate every record of ``path`` and describe it; raises DatasetError on the first problem."""
-    path = Path(path)
+def inspect_dataset(path: Path, declared: str = "auto", *, max_rows: int, max_bytes: int,
+                    name: str | None = None) -> DatasetInfo:
+    """Validate every record of ``path`` (or of its entry ``name``) and describe it; raises DatasetError
+    on the first problem."""
     declared = str(declared)
     _check_declared(declared)
-    if not path.is_file():
-        raise DatasetError("dataset", f"no such file: {path}")
-    size = path.stat().st_size
+    source = resolve_source(Path(path), declared, name)
+    size = source.path.stat().st_size
     if size > max_bytes:
         raise DatasetError("dataset", f"{size} bytes is over the limit of {max_bytes} bytes")
     fmt: Format = "text"
     count = 0
     sample: list[dict[str, Any]] = []
-    for row_fmt, record in _validate(iter_records(path), declared, max_rows):
+    for row_fmt, record, _ in _validate(source, max_rows):
         fmt = row_fmt
         count += 1
         if len(sample) < SAMPLE_ROWS:
@@ -238,13 +278,15 @@ def inspect_dataset(path: Path, declared: str = "auto", *, max_rows: int, max_by
     return DatasetInfo(format=fmt, num_rows=count, size_bytes=size, sample=sample)
 
 
-def load_records(path: Path, declared: str = "auto") -> tuple[Format, list[list[dict[str, str]]]]:
-    """Every record of ``path`` as chat turns, with the detected format (the trainer's reader)."""
+def load_records(path: Path, declared: str = "auto", name: str | None = None
+                 ) -> tuple[Format, list[Conversation]]:
+    """Every record of ``path`` (or of its entry ``name``) as a conversation, with the format (the
+    trainer's reader)."""
     declared = str(declared)
     _check_declared(declared)
     fmt: Format = "text"
-    rows: list[list[dict[str, str]]] = []
-    for row_fmt, record in _validate(iter_records(path), declared, None):
+    rows: list[Conversation] = []
+    for row_fmt, _, conversation in _validate(resolve_source(Path(path), declared, name), None):
         fmt = row_fmt
-        rows.append(to_messages(record, fmt))
+        rows.append(conversation)
     return fmt, rows

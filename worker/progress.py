@@ -125,6 +125,8 @@ class ProgressRecorder:
         kind = record["type"]
         if kind == "start":
             self.started = record
+            if record.get("data"):
+                self._record_data(record["data"])
         elif kind == "progress":
             self._pending = record
             if not self._last_write:
@@ -180,6 +182,18 @@ class ProgressRecorder:
             s.add(JobEvent(job_id=self.job_id, kind="checkpoint", actor="worker",
                            message=f"{'final model' if final else 'checkpoint'} at step {step}",
                            data={"step": step, "path": path, "final": final}))
+
+    def _record_data(self, report: dict[str, Any]) -> None:
+        """The trainer's account of the dataset, on the job and as an event (every row accounted for)."""
+        dropped = ", ".join(f"{n} {why}" for why, n in report.get("dropped", {}).items()) or "none"
+        message = (f"dataset: {report.get('kept_rows')} of {report.get('rows')} training rows kept, "
+                   f"{report.get('eval_rows')} eval rows, {report.get('truncated_rows')} truncated to "
+                   f"seq_len {report.get('seq_len')}, dropped: {dropped}; {report.get('tokens')} tokens, "
+                   f"{report.get('trained_tokens')} trained")
+        with session_scope(self.db_url) as s:
+            s.execute(update(Job).where(Job.id == self.job_id).values(data_report=report)
+                      .execution_options(synchronize_session=False))
+            s.add(JobEvent(job_id=self.job_id, kind="data", actor="worker", message=message, data=report))
 
     def _record_done(self, record: dict[str, Any]) -> None:
         if record.get("_recorded"):

@@ -6,10 +6,12 @@ Run by the worker's launcher or the ``deepspeed`` launcher; the rank comes from 
 
 - ``DIR/progress.jsonl`` (rank 0, one flushed JSON object per line, each with ``type`` and ``time``):
   ``start`` {total_steps, start_step, resumed_from, pid, world_size, train_rows, eval_rows,
-  trainable_params}; ``progress`` every optimizer step {step, total_steps, epoch, loss, lr,
-  tokens_per_second, samples_per_second, peak_gpu_bytes (PyTorch's reserved peak),
-  peak_allocated_gpu_bytes, nvml_peak_bytes (when NVML sees this pid), host_rss_bytes,
-  host_cpu_percent, eta_seconds}; ``checkpoint`` {step, path}; ``done``
+  trainable_params, packed_rows, data (rows, tokens per row, truncated and dropped rows, tokens,
+  trained tokens: see ``worker/_trainlib/data.py``'s ``encode_report``)}; ``progress`` every optimizer
+  step {step, total_steps, epoch, loss, lr, tokens_per_second (real tokens, never padding),
+  samples_per_second, peak_gpu_bytes (PyTorch's reserved peak), peak_allocated_gpu_bytes,
+  nvml_peak_bytes (when NVML sees this pid), host_rss_bytes, host_cpu_percent, eta_seconds};
+  ``checkpoint`` {step, path}; ``done``
   {step, final_path, peak_gpu_bytes, host_peak_rss_bytes}; ``stopped`` {step, signal} on SIGTERM;
   ``paused`` {step, total_steps} once it saved ``checkpoints/step-N`` because ``DIR/pause.request``
   exists (the worker's pause).
@@ -20,7 +22,7 @@ Run by the worker's launcher or the ``deepspeed`` launcher; the rank comes from 
   A rerun resumes from the newest one, continuing the step count and the data order.
 - ``DIR/failure.json`` {kind, reason, message} on failure.
 
-Exit codes: 0 done; 1 error (system fault); 2 user_error (bad_dataset, bad_model,
+Exit codes: 0 done; 1 error (system fault); 2 user_error (bad_dataset, rows_dropped, bad_model,
 missing_tokenizer, qlora_unavailable, optimizer_unavailable, attn_unavailable, bad_lora_targets);
 3 cuda_oom; 4 host_oom; 5 disk_full; 6 paused (a checkpoint of the last step is complete);
 143 stopped by SIGTERM (no failure.json; a checkpoint being written is discarded, never left half).
@@ -42,8 +44,12 @@ from worker._trainlib import checkpoint as ckpt
 from worker._trainlib.data import (
     Example,
     MicroBatchOrder,
+    Packed,
+    check_dropped_share,
     collate,
-    encode_all,
+    collate_packed,
+    encode_report,
+    pack,
     pad_id,
     split_rows,
     total_steps,
@@ -145,19 +151,30 @@ class Trainer:
 
         self.tokenizer = load_tokenizer(self.run.model_dir)
         declared = self.spec.dataset.format.value if self.spec.dataset else "auto"
+        entry = self.spec.dataset.name if self.spec.dataset else None
         try:
-            fmt, rows = load_records(self.run.dataset_file, declared)
+            fmt, rows = load_records(self.run.dataset_file, declared, entry)
         except DatasetError as exc:
             raise JobFailure(USER_ERROR, "bad_dataset", str(exc)) from exc
         fraction = self.spec.dataset.eval_fraction if self.spec.dataset else 0.0
         train_rows, eval_rows = split_rows(rows, fraction, self.spec.training.seed)
         if self.is_rank0:
             write_eval_split(self.run.eval_split_path, eval_rows, fmt)
-        self.examples: list[Example] = encode_all(self.tokenizer, train_rows, fmt, self.spec.training.seq_len)
+        self.examples: list[Example]
+        self.examples, self.data_report = encode_report(self.tokenizer, train_rows, fmt,
+                                                        self.spec.training.seq_len)
         self.eval_rows = len(eval_rows)
+        self.data_report["eval_rows"] = self.eval_rows
+        limit = self.spec.dataset.max_dropped_fraction if self.spec.dataset else 0.01
+        too_many = check_dropped_share(self.data_report, limit)
+        if too_many and self.examples:
+            raise JobFailure(USER_ERROR, "rows_dropped", too_many)
         if not self.examples:
             raise JobFailure(USER_ERROR, "bad_dataset", "no training row has an answer token within seq_len "
                              f"{self.spec.training.seq_len} (prompts too long, or every row held out)")
+        # packed: the rows of the data order are packed rows of whole examples, fixed for the run
+        self.packed: list[Packed] | None = (pack(self.examples, self.spec.training.seq_len)
+                                            if self.spec.training.packing else None)
 
     def build_engine(self) -> None:
         from worker._trainlib.extlocks import start_sweeper
@@ -240,8 +257,20 @@ class Trainer:
     def plan_steps(self) -> None:
         cfg = self.ds_config
         self.grad_accum = int(cfg["gradient_accumulation_steps"])
-        self.order = MicroBatchOrder(len(self.examples), int(cfg["train_micro_batch_size_per_gpu"]),
-                                     self.world, self.rank, self.spec.training.seed)
+        mbs, seed = int(cfg["train_micro_batch_size_per_gpu"]), self.spec.training.seed
+        if self.packed is not None:
+            self.order = MicroBatchOrder(len(self.packed), mbs, self.world, self.rank, seed)
+        else:
+            lengths = [len(e.input_ids) for e in self.examples]
+            self.order = MicroBatchOrder(len(self.examples), mbs, self.world, self.rank, seed,
+                                         lengths=lengths)
+        chunk = self.spec.training.loss_chunk_tokens
+        if chunk is not None:
+            from worker._trainlib.modeling import ChunkedLoss
+
+            self.chunked_loss: ChunkedLoss | None = ChunkedLoss(self.engine.module, chunk)
+        else:
+            self.chunked_loss = None
         t = self.spec.training
         self.total = total_steps(self.order, self.grad_accum, t.epochs, t.max_steps)
         self.lr_fn = lr_factor(t.lr_scheduler.value, self.total, warmup_steps(self.total, t.warmup_ratio))
@@ -266,10 +295,18 @@ class Trainer:
     def _micro_batch(self, k: int) -> tuple[dict[str, Any], int, int]:
         import torch
 
-        batch = collate([self.examples[i] for i in self.order.indices(k)], self.pad)
+        picked = self.order.indices(k)
+        if self.packed is not None:
+            rows = [self.packed[i] for i in picked]
+            batch = collate_packed(self.examples, rows, self.spec.training.seq_len, self.pad)
+            tokens = sum(len(self.examples[i].input_ids) for r in rows for i in r.members)
+            samples = sum(len(r.members) for r in rows)
+        else:
+            batch = collate([self.examples[i] for i in picked], self.pad)
+            tokens, samples = sum(map(sum, batch["attention_mask"])), len(picked)
         device = self.engine.device
         tensors = {key: torch.tensor(v, dtype=torch.long, device=device) for key, v in batch.items()}
-        return tensors, int(tensors["attention_mask"].sum()), len(batch["input_ids"])
+        return tensors, tokens, samples
 
     def _reduce(self, loss: float, tokens: int, samples: int) -> tuple[float, int, int]:
         """Loss averaged over ranks, tokens and samples summed, so rank 0 reports the whole job."""
@@ -289,10 +326,13 @@ class Trainer:
         loss_sum, tokens, samples = 0.0, 0, 0
         for _ in range(self.grad_accum):
             batch, n_tokens, n_samples = self._micro_batch(self.step * self.grad_accum + _)
-            out = self.engine(**batch, use_cache=False)
-            self.engine.backward(out.loss)
+            if self.chunked_loss is not None:
+                loss = self.chunked_loss(self.engine, batch)
+            else:
+                loss = self.engine(**batch, use_cache=False).loss
+            self.engine.backward(loss)
             self.engine.step()
-            loss_sum += float(out.loss.detach().float().item())
+            loss_sum += float(loss.detach().float().item())
             tokens, samples = tokens + n_tokens, samples + n_samples
         self.step += 1
         loss, tokens, samples = self._reduce(loss_sum / self.grad_accum, tokens, samples)
@@ -337,7 +377,8 @@ class Trainer:
         self.progress.emit("start", total_steps=self.total, start_step=self.step,
                            resumed_from=str(resumed) if resumed else None, pid=os.getpid(),
                            world_size=self.world, train_rows=len(self.examples), eval_rows=self.eval_rows,
-                           trainable_params=self.trainable_params)
+                           trainable_params=self.trainable_params, data=self.data_report,
+                           packed_rows=len(self.packed) if self.packed is not None else None)
         final = resumed if resumed is not None and self.step >= self.total else None
         started, first_step, loss = time.perf_counter(), self.step, None
         save_every = self.spec.training.save_steps

@@ -19,3 +19,8 @@ def may_read(user: Principal, owner_id: str, settings: Settings) -> bool:
 def sees_everything(user: Principal, settings: Settings) -> bool:
     """Whether ``user`` may read every owner's resources (no per-row filter needed)."""
     return user.is_admin or settings.team_reads
+
+
+def may_use_dataset(user: Principal, owner_id: str, shared: bool, settings: Settings) -> bool:
+    """Whether ``user`` may read and train on a dataset: its owner's, the admins', or shared by its owner."""
+    return shared or may_read(user, owner_id, settings)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from api.datasets import service
-from api.datasets.schemas import DatasetCreated, DatasetList, DatasetRead
+from api.datasets.schemas import DatasetCreated, DatasetList, DatasetRead, DatasetUpdate
 from api.deps import CurrentUser, SessionDep, SettingsDep
 from api.errors import FieldError, InvalidInput
 from store.ids import new_id
@@ -39,12 +39,15 @@ async def _spool_multipart(request: Request, spool: service.Spool) -> tuple[str 
 
 
 @router.post("", status_code=201, summary="Upload a dataset (JSON array or JSON Lines)",
+             description="The same bytes uploaded again by their owner answer 200 with the dataset "
+                         "made the first time.",
              openapi_extra={"requestBody": {"content": {
                  "application/json": {}, "application/x-ndjson": {}, "multipart/form-data": {}}}})
 async def upload_dataset(
-    request: Request, session: SessionDep, settings: SettingsDep, user: CurrentUser,
+    request: Request, response: Response, session: SessionDep, settings: SettingsDep, user: CurrentUser,
     name: Annotated[str | None, Query(max_length=200)] = None,
-    format: Annotated[str, Query(description="auto | alpaca | sharegpt | text")] = "auto",  # noqa: A002
+    format: Annotated[str, Query(description="auto | alpaca | sharegpt | openai | text")] = "auto",  # noqa: A002
+    shared: Annotated[bool, Query(description="Share it with every user")] = False,
 ) -> DatasetCreated:
     declared = service.check_format(format)
     dataset_id = new_id("ds")
@@ -61,8 +64,11 @@ async def upload_dataset(
         raise
     spool.close()
     final_name = service.safe_name(name, dataset_id)
-    return await run_in_threadpool(service.register, session, settings, user, dataset_id, spool,
-                                   final_name, declared)
+    created, new = await run_in_threadpool(service.register, session, settings, user, dataset_id, spool,
+                                           final_name, declared, shared)
+    if not new:
+        response.status_code = 200
+    return created
 
 
 @router.get("", summary="Your datasets (everyone's for an admin), newest first")
@@ -78,3 +84,11 @@ def list_datasets(
 def get_dataset(dataset_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$")], session: SessionDep,
                 settings: SettingsDep, user: CurrentUser) -> DatasetRead:
     return service.get_dataset(session, settings, user, dataset_id)
+
+
+@router.patch("/{dataset_id}", summary="Share, unshare or rename a dataset (its owner or an admin)",
+              responses={403: {"description": "Shared with you, not yours"},
+                         404: {"description": "Unknown, or not yours"}})
+def update_dataset(dataset_id: Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$")], change: DatasetUpdate,
+                   session: SessionDep, settings: SettingsDep, user: CurrentUser) -> DatasetRead:
+    return service.update_dataset(session, settings, user, dataset_id, change)

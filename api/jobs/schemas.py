@@ -74,6 +74,9 @@ class JobRead(JobSummary):
     eval_status: str | None
     eval_result: dict[str, Any] | None
     log_tail: str | None
+    data_report: dict[str, Any] | None = Field(
+        default=None, description="What training made of the dataset: train/eval rows, tokens per row "
+        "(p50/p95/max), rows truncated and dropped (and why), tokens and trained tokens.")
 
 
 class JobList(BaseModel):

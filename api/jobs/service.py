@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, defer
 
-from api.auth.access import may_read
+from api.auth.access import may_read, may_use_dataset
 from api.auth.service import Principal
 from api.errors import (
     Conflict,
@@ -97,7 +97,7 @@ def job_read(job: Job | Row[Any], owner: str) -> JobRead:
     return JobRead(**_summary_fields(job, owner), spec=job.spec, plan=job.plan, dataset_id=job.dataset_id,
                    attempt=job.attempt, worker_host=job.worker_host, gpu_indices=job.gpu_indices,
                    cancel_requested_at=job.cancel_requested_at, eval_status=job.eval_status,
-                   eval_result=job.eval_result, log_tail=job.log_tail)
+                   eval_result=job.eval_result, log_tail=job.log_tail, data_report=job.data_report)
 
 
 def load_job(session: Session, job_id: str) -> tuple[Job, str]:
@@ -157,7 +157,7 @@ def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: 
         raise InvalidInput.for_field("dataset", "a job needs a dataset (dataset.path or dataset.id)")
     if ds.id is not None:
         row = session.get(Dataset, ds.id)
-        if row is None or not may_read(user, row.owner_id, settings):  # another's: as if unknown
+        if row is None or not may_use_dataset(user, row.owner_id, row.shared, settings):  # as if unknown
             raise InvalidInput.for_field("dataset.id", f"no dataset {ds.id}")
         update = {"num_rows": ds.num_rows or row.num_rows}
         return spec.model_copy(update={"dataset": ds.model_copy(update=update)}), row.id
@@ -165,16 +165,18 @@ def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: 
     real = confine(ds.path, settings.dataset_roots, "dataset.path")
     if not real.is_file():
         raise InvalidInput.for_field("dataset.path", f"{ds.path} is not a file")
-    num_rows = ds.num_rows or _count_rows(real, ds.format.value, settings)
+    num_rows = ds.num_rows or _count_rows(real, ds.format.value, settings, ds.name)
     new_ds = ds.model_copy(update={"path": str(real), "num_rows": num_rows})
     return spec.model_copy(update={"dataset": new_ds}), None
 
 
-def _count_rows(path: Path, declared: str, settings: Settings) -> int:
-    from tunebox.datasets import DatasetError, inspect_dataset
+def _count_rows(path: Path, declared: str, settings: Settings, name: str | None = None) -> int:
+    from tunebox.datasets import DatasetError, inspect_dataset, resolve_source
 
     try:
-        info = inspect_dataset(path, declared, max_rows=settings.max_dataset_rows, max_bytes=2**40)
+        if name is not None:  # a dataset_info.json entry's file must lie under the roots too
+            confine(str(resolve_source(path, declared, name).path), settings.dataset_roots, "dataset.name")
+        info = inspect_dataset(path, declared, max_rows=settings.max_dataset_rows, max_bytes=2**40, name=name)
     except DatasetError as exc:
         field = "dataset" if exc.field.startswith("dataset") else f"dataset.rows[{exc.row}].{exc.field}"
         raise InvalidInput(str(exc), errors=[FieldError(field, exc.message, row=exc.row)]) from exc

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from api.auth.access import may_read
+from api.auth.access import may_use_dataset
 from api.auth.service import Principal
 from api.datasets import service as datasets
 from api.datasets.schemas import DatasetRead
@@ -44,7 +44,7 @@ def _not_found(file_id: str) -> OpenAIError:
 def owned_dataset(session: Session, settings: Settings, user: Principal, file_id: str) -> Dataset:
     """The dataset behind ``file_id``, or 404 when unknown or not the caller's to read."""
     row = session.get(Dataset, file_id)
-    if row is None or not may_read(user, row.owner_id, settings):
+    if row is None or not may_use_dataset(user, row.owner_id, row.shared, settings):
         raise _not_found(file_id)
     return row
 
@@ -79,8 +79,8 @@ async def create_file(request: Request, session: SessionDep, settings: SettingsD
     spool.close()
     name = datasets.safe_name(filename, dataset_id)
     try:
-        created = await run_in_threadpool(datasets.register, session, settings, user, dataset_id, spool,
-                                          name, FILE_FORMAT)
+        created, _ = await run_in_threadpool(datasets.register, session, settings, user, dataset_id, spool,
+                                             name, FILE_FORMAT)
     except InvalidInput as exc:  # the dataset checks: the message names the row and the key
         raise OpenAIError(400, exc.detail, param="file", code="invalid_file") from exc
     return file_object(created)

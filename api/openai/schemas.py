@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Auto = Literal["auto"]
 #: how an uploaded chat JSONL file ({"messages": [{"role", "content"}, ...]} per line) is read
-FILE_FORMAT = "sharegpt"
+FILE_FORMAT = "openai"
 
 
 class _Strict(BaseModel):

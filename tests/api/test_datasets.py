@@ -86,3 +86,69 @@ def test_job_on_an_uploaded_dataset(env: Env) -> None:
     assert res.status_code == 201, res.text
     assert res.json()["dataset_id"] == ds["id"] and res.json()["spec"]["dataset"]["num_rows"] == 9
     assert env.count(Job) == 1
+
+
+def test_openai_chat_upload_is_format_openai(env: Env) -> None:
+    rows = [{"messages": [{"role": "developer", "content": "Be brief."},
+                          {"role": "user", "content": [{"type": "text", "text": f"q{i}"}]},
+                          {"role": "assistant", "content": "draft", "weight": 0},
+                          {"role": "assistant", "content": f"a{i}"}]} for i in range(3)]
+    res = env.client.post("/v1/datasets?format=openai", content=_jsonl(rows), headers=env.auth())
+    assert res.status_code == 201, res.text
+    assert res.json()["format"] == "openai" and res.json()["num_rows"] == 3
+    ds = res.json()
+    job = env.client.post("/v1/jobs", json=job_spec(dataset={"id": ds["id"], "format": "openai"}),
+                          headers=env.auth())
+    assert job.status_code == 201, job.text
+
+
+def test_preference_and_image_rows_are_refused_naming_the_field(env: Env) -> None:
+    dpo = [{"instruction": "q", "chosen": "good", "rejected": "bad"}]
+    res = env.client.post("/v1/datasets", content=_jsonl(dpo), headers=env.auth())
+    assert res.status_code == 422
+    error = res.json()["errors"][0]
+    assert error["field"] == "dataset.rows[1].chosen" and "not trained" in error["message"]
+    images = [{"messages": [{"role": "user", "content": "<image>?"}, {"role": "assistant", "content": "a"}],
+               "images": ["a.png"]}]
+    res = env.client.post("/v1/datasets", content=_jsonl(images), headers=env.auth())
+    assert res.status_code == 422 and res.json()["errors"][0]["field"] == "dataset.rows[1].images"
+    assert env.count(Dataset) == 0
+
+
+def test_a_dataset_is_its_owners_until_shared(env: Env) -> None:
+    ds = env.client.post("/v1/datasets", content=_jsonl(alpaca_rows(5)), headers=env.auth("alice")).json()
+    url = f"/v1/datasets/{ds['id']}"
+    assert ds["shared"] is False
+    assert env.client.get(url, headers=env.auth("bob")).status_code == 404
+    assert env.client.get("/v1/datasets", headers=env.auth("bob")).json()["items"] == []
+    bob_job = env.client.post("/v1/jobs", json=job_spec(dataset={"id": ds["id"]}), headers=env.auth("bob"))
+    assert bob_job.status_code == 422 and bob_job.json()["errors"][0]["field"] == "dataset.id"
+    assert env.client.get(url, headers=env.auth("root")).status_code == 200
+    assert env.client.patch(url, json={"shared": True}, headers=env.auth("bob")).status_code == 404
+
+    shared = env.client.patch(url, json={"shared": True}, headers=env.auth("alice"))
+    assert shared.status_code == 200 and shared.json()["shared"] is True
+    assert env.client.get(url, headers=env.auth("bob")).json()["owner"] == "alice"
+    listed = env.client.get("/v1/datasets", headers=env.auth("bob")).json()["items"]
+    assert [d["id"] for d in listed] == [ds["id"]]
+    assert env.client.post("/v1/jobs", json=job_spec(dataset={"id": ds["id"]}),
+                           headers=env.auth("bob")).status_code == 201
+    assert env.client.patch(url, json={"shared": False}, headers=env.auth("bob")).status_code == 403
+    assert env.client.patch(url, json={"sharing": False}, headers=env.auth("alice")).status_code == 422
+    assert env.client.patch(url, json={"shared": False}, headers=env.auth("alice")).json()["shared"] is False
+    assert env.client.get(url, headers=env.auth("bob")).status_code == 404
+
+
+def test_uploading_the_same_bytes_again_returns_the_first_dataset(env: Env) -> None:
+    body = _jsonl(alpaca_rows(6))
+    first = env.client.post("/v1/datasets?name=a", content=body, headers=env.auth("alice"))
+    again = env.client.post("/v1/datasets?name=b&shared=true", content=body, headers=env.auth("alice"))
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"] and again.json()["name"] == "a"
+    assert again.json()["shared"] is True and len(again.json()["sample"]) == 3
+    other = env.client.post("/v1/datasets", content=body, headers=env.auth("bob"))
+    assert other.status_code == 201 and other.json()["id"] != first.json()["id"]
+    changed = env.client.post("/v1/datasets", content=_jsonl(alpaca_rows(7)), headers=env.auth("alice"))
+    assert changed.status_code == 201 and changed.json()["id"] != first.json()["id"]
+    assert env.count(Dataset) == 3
+    assert len(list((Path(env.settings.data_dir) / "datasets").glob("*.jsonl"))) == 3

@@ -25,7 +25,7 @@ def _jsonl(tmp_path: Path, rows: list, name: str = "d.jsonl") -> Path:
 
 
 @pytest.mark.parametrize(("rows", "fmt"), [(ALPACA, "alpaca"), (SHAREGPT, "sharegpt"),
-                                           (MESSAGES, "sharegpt"), (TEXT, "text")])
+                                           (MESSAGES, "openai"), (TEXT, "text")])
 def test_detects_each_format_in_jsonl_and_json(tmp_path: Path, rows: list, fmt: str) -> None:
     info = inspect_dataset(_jsonl(tmp_path, rows), **LIMITS)
     assert (info.format, info.num_rows, info.sample) == (fmt, len(rows), rows[:3])
@@ -39,12 +39,13 @@ def test_detects_each_format_in_jsonl_and_json(tmp_path: Path, rows: list, fmt: 
 def test_load_records_gives_chat_turns(tmp_path: Path) -> None:
     fmt, rows = load_records(_jsonl(tmp_path, ALPACA + [{"instruction": "x", "input": None, "output": "y"}]))
     assert fmt == "alpaca"
-    assert rows[0] == [{"role": "user", "content": "Add one\n\n2"}, {"role": "assistant", "content": "3"}]
-    assert rows[2][0]["content"] == "x"
+    assert rows[0] == {"messages": [{"role": "user", "content": "Add one\n\n2"},
+                                    {"role": "assistant", "content": "3"}]}
+    assert rows[2]["messages"][0]["content"] == "x"
     _, conv = load_records(_jsonl(tmp_path, SHAREGPT, "s.jsonl"))
-    assert [t["role"] for t in conv[0]] == ["system", "user", "assistant"]
+    assert [t["role"] for t in conv[0]["messages"]] == ["system", "user", "assistant"]
     _, text = load_records(_jsonl(tmp_path, TEXT, "t.jsonl"), "text")
-    assert text[1] == [{"role": "assistant", "content": "the end"}]
+    assert text[1] == {"messages": [{"role": "assistant", "content": "the end"}]}
 
 
 def test_blank_lines_and_bom_are_tolerated(tmp_path: Path) -> None:

@@ -110,7 +110,7 @@ def test_eval_split_is_deterministic_and_never_empty() -> None:
 
 def test_eval_split_round_trip(tmp_path: Path) -> None:
     write_eval_split(tmp_path / "e.jsonl", [CHAT], "sharegpt")
-    assert read_eval_split(tmp_path / "e.jsonl") == [("sharegpt", CHAT)]
+    assert read_eval_split(tmp_path / "e.jsonl") == [("sharegpt", {"messages": CHAT})]
     assert read_eval_split(tmp_path / "absent.jsonl") == []
 
 

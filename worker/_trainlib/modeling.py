@@ -218,3 +218,74 @@ def check_gpus(expected: str | None) -> None:
     if set(seen) != want or len(seen) != torch.cuda.device_count():
         raise JobFailure(ERROR, "gpu_mismatch",
                          f"visible GPUs {sorted(seen)} are not the leased {sorted(want)}")
+
+
+# --------------------------------------------------------------------------- the loss without full logits
+
+
+def chunked_cross_entropy(hidden: Any, head: Any, labels: Any, chunk_tokens: int,
+                          softcap: float | None = None) -> Any:
+    """The causal LM loss (mean over labelled positions, as transformers computes it) from the final
+    hidden states, ``chunk_tokens`` positions at a time: only labelled positions are projected, and each
+    chunk's logits are recomputed in backward instead of kept, so the fp32 logits of the whole
+    micro-batch never exist."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    targets = labels[:, 1:].reshape(-1)
+    keep = targets != -100
+    picked = hidden[:, :-1].reshape(-1, hidden.shape[-1])[keep]
+    targets = targets[keep]
+    count = int(targets.numel())
+    if count == 0:
+        return hidden.sum() * 0.0
+
+    def piece(h: Any, y: Any) -> Any:
+        logits = head(h).float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, count, chunk_tokens):
+        end = start + chunk_tokens
+        total = total + checkpoint(piece, picked[start:end], targets[start:end], use_reentrant=False)
+    return total / count
+
+
+class ChunkedLoss:
+    """Runs a causal LM (a DeepSpeed engine, a peft or a transformers model) without its logits: a
+    pre-hook on the output head takes the final hidden states and hands the head an empty slice, then
+    :func:`chunked_cross_entropy` computes the loss from them."""
+
+    def __init__(self, model: Any, chunk_tokens: int):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.head = base.get_output_embeddings()
+        if self.head is None:
+            raise ValueError("the model has no output head")
+        self.softcap = getattr(base.config, "final_logit_softcapping", None)
+        self.chunk_tokens = chunk_tokens
+        self._hidden: Any = None
+        self._armed = False
+        self.head.register_forward_pre_hook(self._take_hidden)
+
+    def _take_hidden(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if not self._armed:
+            return None
+        self._armed = False
+        self._hidden = args[0]
+        return (args[0][:, :0], *args[1:])
+
+    def __call__(self, forward: Any, batch: dict[str, Any]) -> Any:
+        """The loss of ``batch`` through ``forward`` (the engine or model call)."""
+        labels = batch["labels"]
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        self._armed = True
+        try:
+            forward(**inputs, use_cache=False)
+        finally:
+            self._armed = False
+        hidden, self._hidden = self._hidden, None
+        if hidden is None:
+            raise RuntimeError("the model's forward did not call its output head")
+        return chunked_cross_entropy(hidden, self.head, labels, self.chunk_tokens, self.softcap)

@@ -1,7 +1,7 @@
 """jobs.openai_request: the fields of a job created through POST /v1/fine_tuning/jobs
 
-Revision ID: 0004_issue24_openai_request
-Revises: 0003_jobs_owner_status_index
+Revision ID: 0006_issue24_openai_request
+Revises: 0005_issue23_job_data_report
 Create Date: 2026-12-02 02:30:00
 """
 
@@ -15,8 +15,8 @@ from sqlalchemy.dialects import postgresql
 
 JSON_T = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
 
-revision: str = "0004_issue24_openai_request"
-down_revision: str | None = "0003_jobs_owner_status_index"
+revision: str = "0006_issue24_openai_request"
+down_revision: str | None = "0005_issue23_job_data_report"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

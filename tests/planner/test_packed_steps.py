@@ -1,0 +1,52 @@
+"""Packed training plans its steps from the dataset's tokens: a step is micro_batch x seq_len tokens a GPU."""
+
+from __future__ import annotations
+
+import math
+
+from planner import plan
+from tests.planner.support import job
+
+TRAINING = {
+    "micro_batch_size": 4,
+    "gradient_accumulation_steps": 4,
+    "seq_len": 1024,
+    "gradient_checkpointing": False,
+    "epochs": 2,
+}
+
+
+def _steps(packing: bool, **dataset: object) -> int | None:
+    spec = job(
+        training={**TRAINING, "packing": packing},
+        dataset={"path": "/d.jsonl", "eval_fraction": 0.1, **dataset},
+    )
+    return plan(spec).estimated_steps
+
+
+def test_packed_steps_come_from_the_tokens_and_unpacked_ones_from_the_rows() -> None:
+    rows, tokens = 10_000, 1_500_000  # 150 tokens a row: about 6.8 rows in each 1024-token packed row
+    packed = _steps(True, num_rows=rows, num_tokens=tokens)
+    assert packed == math.ceil(math.ceil(tokens * 0.9 / 1024) / 16 * 2)
+    unpacked = _steps(False, num_rows=rows, num_tokens=tokens)
+    assert unpacked == math.ceil(9000 / 16 * 2)
+    assert unpacked > 5 * packed
+    # without token statistics the rows are all the planner has
+    assert _steps(True, num_rows=rows) == unpacked
+    assert _steps(True) is None
+
+
+def test_a_chunked_loss_plans_one_chunk_of_logits_not_the_micro_batchs() -> None:
+    base = {
+        "model": {"name": "meta-llama/Llama-3.1-8B"},
+        "resources": {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "none", "offload_param": "none"},
+    }
+    training = {**TRAINING, "micro_batch_size": 2, "seq_len": 2048, "gradient_checkpointing": True}
+    full = plan(job(**base, training=training))
+    chunked = plan(job(**base, training={**training, "loss_chunk_tokens": 1024}))
+    # Llama 3's 128,256-token vocabulary at 2 x 2048 positions: the logits term is four chunks' worth
+    assert full.per_gpu.logits_bytes == 4 * chunked.per_gpu.logits_bytes
+    assert full.per_gpu.logits_bytes > 4 * 2**30
+    saved = full.per_gpu.total_bytes - chunked.per_gpu.total_bytes
+    assert saved >= full.per_gpu.logits_bytes * 3 // 4
+    assert chunked.deepspeed_config == full.deepspeed_config
