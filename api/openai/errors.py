@@ -15,6 +15,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.errors import ApiError, PlanDoesNotFit, _from_validation
 
@@ -92,6 +93,9 @@ class OpenAIRoute(APIRoute):
                 return await handler(request)
             except ApiError as exc:
                 return openai_response(exc)
+            except StarletteHTTPException as exc:  # FastAPI's own, e.g. a body it cannot parse
+                detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+                return openai_response(OpenAIError(exc.status_code, detail, headers=exc.headers))
             except RequestValidationError as exc:
                 # the body's own fields: their paths are the request's parameters already
                 converted = _from_validation(exc)
