@@ -28,8 +28,16 @@ _PRECISION = ("bf16", "fp16")
 #: top-level keys the generated config sets itself (a value other than "auto" is refused, not dropped)
 _GENERATED = frozenset({"optimizer", "scheduler", "gradient_clipping"})
 #: top-level keys that change nothing the plan or the run depends on
-_HARMLESS = frozenset({"zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "steps_per_print",
-                       "wall_clock_breakdown", "prescale_gradients", "dump_state"})
+_HARMLESS = frozenset(
+    {
+        "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer",
+        "steps_per_print",
+        "wall_clock_breakdown",
+        "prescale_gradients",
+        "dump_state",
+    }
+)
 _TOP_LEVEL = frozenset({"zero_optimization", *_BATCH, *_PRECISION}) | _GENERATED | _HARMLESS
 
 
@@ -62,7 +70,7 @@ def _without_auto(block: Mapping[str, Any]) -> dict[str, Any]:
 
 def _int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) or value < 1:
-        raise PlanError(where, f"must be a whole number of at least 1 or \"auto\", got {value!r}")
+        raise PlanError(where, f'must be a whole number of at least 1 or "auto", got {value!r}')
     return int(value)
 
 
@@ -73,7 +81,8 @@ class _Fields:
         self.training = spec.training.model_dump(mode="json")
         self.resources = spec.resources.model_dump(mode="json")
         self.set = {f"training.{k}" for k in spec.training.model_fields_set} | {
-            f"resources.{k}" for k in spec.resources.model_fields_set}
+            f"resources.{k}" for k in spec.resources.model_fields_set
+        }
 
     def take(self, field: str, value: Any, source: str) -> None:
         """Set ``field`` (``training.x`` / ``resources.x``) from ``source`` unless the spec says otherwise."""
@@ -88,13 +97,17 @@ class _Fields:
 def _devices(zero: dict[str, Any], fields: _Fields) -> None:
     if "stage" in zero:
         stage = zero.pop("stage")
-        fields.take("resources.zero_stage", _int(stage, f"{_WHERE}.zero_optimization.stage") if stage else 0,
-                    f"{_WHERE}.zero_optimization.stage")
+        fields.take(
+            "resources.zero_stage",
+            _int(stage, f"{_WHERE}.zero_optimization.stage") if stage else 0,
+            f"{_WHERE}.zero_optimization.stage",
+        )
     for target in ("offload_optimizer", "offload_param"):
         block = zero.get(target)
         if isinstance(block, dict) and "device" in block:
-            fields.take(f"resources.{target}", block.pop("device"),
-                        f"{_WHERE}.zero_optimization.{target}.device")
+            fields.take(
+                f"resources.{target}", block.pop("device"), f"{_WHERE}.zero_optimization.{target}.device"
+            )
             if not block:
                 zero.pop(target)
 
@@ -105,8 +118,11 @@ def _batch(raw: Mapping[str, Any], fields: _Fields) -> None:
         where = f"{_WHERE}.{_BATCH[0]}"
         fields.take("training.micro_batch_size", _int(micro, where), where)
     if not _is_auto(accum):
-        fields.take("training.gradient_accumulation_steps", _int(accum, f"{_WHERE}.{_BATCH[1]}"),
-                    f"{_WHERE}.{_BATCH[1]}")
+        fields.take(
+            "training.gradient_accumulation_steps",
+            _int(accum, f"{_WHERE}.{_BATCH[1]}"),
+            f"{_WHERE}.{_BATCH[1]}",
+        )
     if _is_auto(total):
         return
     total_field = f"{_WHERE}.train_batch_size"
@@ -114,34 +130,46 @@ def _batch(raw: Mapping[str, Any], fields: _Fields) -> None:
     micro, accum = fields.training["micro_batch_size"], int(fields.training["gradient_accumulation_steps"])
     gpus = fields.resources["num_gpus"]
     if _is_auto(micro) and _is_auto(gpus):
-        raise ConflictingFields(total_field, "training.micro_batch_size", "train_batch_size is micro batch "
-                                "x accumulation x GPUs: set training.micro_batch_size or resources.num_gpus")
+        raise ConflictingFields(
+            total_field,
+            "training.micro_batch_size",
+            "train_batch_size is micro batch "
+            "x accumulation x GPUs: set training.micro_batch_size or resources.num_gpus",
+        )
     if _is_auto(micro):
         micro_field, per_step = "training.micro_batch_size", accum * int(gpus)
         if total % per_step:
-            raise ConflictingFields(total_field, "training.gradient_accumulation_steps",
-                                    f"train_batch_size {total} is not a multiple of accumulation x GPUs "
-                                    f"({per_step})")
+            raise ConflictingFields(
+                total_field,
+                "training.gradient_accumulation_steps",
+                f"train_batch_size {total} is not a multiple of accumulation x GPUs ({per_step})",
+            )
         fields.take(micro_field, total // per_step, total_field)
     elif _is_auto(gpus):
         per_gpu = int(micro) * accum
         if total % per_gpu:
-            raise ConflictingFields(total_field, "training.micro_batch_size",
-                                    f"train_batch_size {total} is not a multiple of micro batch x "
-                                    f"accumulation ({per_gpu})")
+            raise ConflictingFields(
+                total_field,
+                "training.micro_batch_size",
+                f"train_batch_size {total} is not a multiple of micro batch x accumulation ({per_gpu})",
+            )
         fields.take("resources.num_gpus", total // per_gpu, total_field)
     elif total != int(micro) * accum * int(gpus):
-        raise ConflictingFields(total_field, "training.micro_batch_size",
-                                f"train_batch_size {total} is not micro batch {micro} x accumulation {accum} "
-                                f"x {gpus} GPUs")
+        raise ConflictingFields(
+            total_field,
+            "training.micro_batch_size",
+            f"train_batch_size {total} is not micro batch {micro} x accumulation {accum} x {gpus} GPUs",
+        )
 
 
 def _precision(raw: Mapping[str, Any], fields: _Fields) -> None:
-    enabled = [name for name in _PRECISION
-               if isinstance(raw.get(name), Mapping) and raw[name].get("enabled") is True]
+    enabled = [
+        name for name in _PRECISION if isinstance(raw.get(name), Mapping) and raw[name].get("enabled") is True
+    ]
     if len(enabled) == 2:
-        raise ConflictingFields(f"{_WHERE}.bf16.enabled", f"{_WHERE}.fp16.enabled",
-                                "bf16 and fp16 are both enabled")
+        raise ConflictingFields(
+            f"{_WHERE}.bf16.enabled", f"{_WHERE}.fp16.enabled", "bf16 and fp16 are both enabled"
+        )
     if enabled:
         fields.take("training.precision", enabled[0], f"{_WHERE}.{enabled[0]}.enabled")
 
@@ -152,14 +180,20 @@ def _refuse_generated(raw: Mapping[str, Any]) -> None:
         if key in ("zero_optimization", *_BATCH, *_PRECISION) or key in _HARMLESS:
             continue  # read above; the precision blocks' loss-scale settings are DeepSpeed's own
         if key not in _GENERATED:
-            raise PlanError(f"{_WHERE}.{key}", f"tunebox does not take the DeepSpeed setting {key!r} "
-                            "(it reads zero_optimization, the batch sizes and bf16/fp16)")
+            raise PlanError(
+                f"{_WHERE}.{key}",
+                f"tunebox does not take the DeepSpeed setting {key!r} "
+                "(it reads zero_optimization, the batch sizes and bf16/fp16)",
+            )
         params = value.get("params", {}) if isinstance(value, Mapping) else {}
-        if _is_auto(value) or (isinstance(params, Mapping) and not _without_auto(params)
-                               and set(value) <= {"type", "params"}):
+        if _is_auto(value) or (
+            isinstance(params, Mapping) and not _without_auto(params) and set(value) <= {"type", "params"}
+        ):
             continue
-        raise PlanError(f"{_WHERE}.{key}", f"tunebox generates {key!r} from the spec's training fields; "
-                        "give it as \"auto\" or leave it out")
+        raise PlanError(
+            f"{_WHERE}.{key}",
+            f'tunebox generates {key!r} from the spec\'s training fields; give it as "auto" or leave it out',
+        )
 
 
 def absorb(spec: JobSpec) -> JobSpec:
@@ -180,5 +214,9 @@ def absorb(spec: JobSpec) -> JobSpec:
         _batch(raw, fields)
         _precision(raw, fields)
     fields.resources["deepspeed"] = zero
-    return spec.model_copy(update={"training": type(spec.training).model_validate(fields.training),
-                                   "resources": type(spec.resources).model_validate(fields.resources)})
+    return spec.model_copy(
+        update={
+            "training": type(spec.training).model_validate(fields.training),
+            "resources": type(spec.resources).model_validate(fields.resources),
+        }
+    )

@@ -33,10 +33,26 @@ _DIRECT = {
     "val_size": "dataset.eval_fraction",
 }
 #: keys read by the conversion itself
-_READ = frozenset({"model_name_or_path", "finetuning_type", "lora_target", "quantization_bit",
-                   "quantization_method", "deepspeed", "dataset", "dataset_dir", "stage", "do_train",
-                   "bf16", "fp16", "pure_bf16", "lr_scheduler_type", "disable_gradient_checkpointing",
-                   "optim"})
+_READ = frozenset(
+    {
+        "model_name_or_path",
+        "finetuning_type",
+        "lora_target",
+        "quantization_bit",
+        "quantization_method",
+        "deepspeed",
+        "dataset",
+        "dataset_dir",
+        "stage",
+        "do_train",
+        "bf16",
+        "fp16",
+        "pure_bf16",
+        "lr_scheduler_type",
+        "disable_gradient_checkpointing",
+        "optim",
+    }
+)
 #: keys with no tunebox equivalent, and why
 _NOT_TAKEN = {
     "template": "the model's own chat template renders the conversations",
@@ -58,11 +74,22 @@ _NOT_TAKEN = {
     "per_device_eval_batch_size": "set eval.batch_size in the spec",
     "eval_dataset": "the held-out rows are dataset.eval_fraction of the training file",
 }
-_SCHEDULERS = {"cosine": "cosine", "linear": "linear", "constant": "constant",
-               "constant_with_warmup": "constant"}
-_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_hf": "adamw", "adamw_torch_fused": "adamw",
-               "adamw_8bit": "adamw_8bit", "adamw_bnb_8bit": "adamw_8bit", "paged_adamw_8bit": "adamw_8bit",
-               "sgd": "sgd", "lion_32bit": "lion"}
+_SCHEDULERS = {
+    "cosine": "cosine",
+    "linear": "linear",
+    "constant": "constant",
+    "constant_with_warmup": "constant",
+}
+_OPTIMIZERS = {
+    "adamw_torch": "adamw",
+    "adamw_hf": "adamw",
+    "adamw_torch_fused": "adamw",
+    "adamw_8bit": "adamw_8bit",
+    "adamw_bnb_8bit": "adamw_8bit",
+    "paged_adamw_8bit": "adamw_8bit",
+    "sgd": "sgd",
+    "lion_32bit": "lion",
+}
 
 
 @dataclass
@@ -85,8 +112,11 @@ def _method(config: Mapping[str, Any]) -> str:
     if bits is None:
         return kind
     if kind != "lora" or int(bits) != 4 or config.get("quantization_method", "bnb") != "bnb":
-        raise PlanError("quantization_bit", "tunebox quantises only 4-bit with bitsandbytes, under LoRA "
-                        f"(QLoRA); got {bits}-bit {config.get('quantization_method', 'bnb')} {kind}")
+        raise PlanError(
+            "quantization_bit",
+            "tunebox quantises only 4-bit with bitsandbytes, under LoRA "
+            f"(QLoRA); got {bits}-bit {config.get('quantization_method', 'bnb')} {kind}",
+        )
     return "qlora"
 
 
@@ -99,8 +129,11 @@ def _targets(value: Any) -> list[str]:
 def _dataset(config: Mapping[str, Any], info: Mapping[str, Any] | None) -> dict[str, Any]:
     names = [n.strip() for n in str(config.get("dataset", "")).split(",") if n.strip()]
     if len(names) != 1:
-        raise PlanError("dataset", f"tunebox trains on one dataset file; {len(names)} named ({names}): "
-                        "merge them into one file first")
+        raise PlanError(
+            "dataset",
+            f"tunebox trains on one dataset file; {len(names)} named ({names}): "
+            "merge them into one file first",
+        )
     folder = str(config.get("dataset_dir", "data")).rstrip("/")
     entry = (info or {}).get(names[0])
     if not isinstance(entry, Mapping) or "file_name" not in entry:
@@ -118,21 +151,28 @@ def _training_choices(config: Mapping[str, Any], spec: dict[str, Any]) -> None:
     if "lr_scheduler_type" in config:
         kind = str(config["lr_scheduler_type"])
         if kind not in _SCHEDULERS:
-            raise PlanError("lr_scheduler_type",
-                            f"tunebox schedules {', '.join(sorted(_SCHEDULERS))}; not {kind!r}")
+            raise PlanError(
+                "lr_scheduler_type", f"tunebox schedules {', '.join(sorted(_SCHEDULERS))}; not {kind!r}"
+            )
         _put(spec, "training.lr_scheduler", _SCHEDULERS[kind])
     if "optim" in config:
         kind = str(config["optim"])
         if kind not in _OPTIMIZERS:
-            raise PlanError("optim",
-                            f"tunebox's optimizers are {', '.join(sorted(_OPTIMIZERS))}; not {kind!r}")
+            raise PlanError(
+                "optim", f"tunebox's optimizers are {', '.join(sorted(_OPTIMIZERS))}; not {kind!r}"
+            )
         _put(spec, "training.optimizer", _OPTIMIZERS[kind])
     if config.get("disable_gradient_checkpointing"):
         _put(spec, "training.gradient_checkpointing", False)
 
 
-def convert(config: Mapping[str, Any], *, deepspeed: Mapping[str, Any] | None = None,
-            dataset_info: Mapping[str, Any] | None = None, name: str | None = None) -> Converted:
+def convert(
+    config: Mapping[str, Any],
+    *,
+    deepspeed: Mapping[str, Any] | None = None,
+    dataset_info: Mapping[str, Any] | None = None,
+    name: str | None = None,
+) -> Converted:
     """The spec of LLaMA-Factory training ``config``. ``deepspeed`` is the JSON its ``deepspeed`` key
     names, ``dataset_info`` the ``dataset_info.json`` of its ``dataset_dir`` (where the caller has them)."""
     if str(config.get("stage", "sft")) != "sft":
@@ -142,10 +182,14 @@ def convert(config: Mapping[str, Any], *, deepspeed: Mapping[str, Any] | None = 
     if "model_name_or_path" not in config:
         raise PlanError("model_name_or_path", "the config names no model")
     method = _method(config)
-    spec: dict[str, Any] = {"name": name or str(config.get("output_dir") or "llamafactory").rstrip("/")
-                            .split("/")[-1][:200] or "llamafactory",
-                            "model": {"path": str(config["model_name_or_path"])}, "method": method,
-                            "dataset": _dataset(config, dataset_info)}
+    spec: dict[str, Any] = {
+        "name": name
+        or str(config.get("output_dir") or "llamafactory").rstrip("/").split("/")[-1][:200]
+        or "llamafactory",
+        "model": {"path": str(config["model_name_or_path"])},
+        "method": method,
+        "dataset": _dataset(config, dataset_info),
+    }
     for key, path in _DIRECT.items():
         if key in config and config[key] is not None:
             _put(spec, path, config[key])
@@ -162,6 +206,9 @@ def convert(config: Mapping[str, Any], *, deepspeed: Mapping[str, Any] | None = 
         if deepspeed is None:
             raise PlanError("deepspeed", f"the DeepSpeed config {config['deepspeed']!r} was not read")
         _put(spec, "resources.deepspeed", dict(deepspeed))
-    unmapped = {key: _NOT_TAKEN.get(key, "tunebox has no such setting")
-                for key in config if key not in _DIRECT and key not in _READ}
+    unmapped = {
+        key: _NOT_TAKEN.get(key, "tunebox has no such setting")
+        for key in config
+        if key not in _DIRECT and key not in _READ
+    }
     return Converted(spec, unmapped)

@@ -19,24 +19,45 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.errors import ApiError, PlanDoesNotFit, _from_validation
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
-          415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-          503: "server_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+}
 
 #: tunebox's field paths -> the request parameter of the OpenAI-compatible body that set them
-PARAMS = {"model.path": "model", "model": "model", "dataset.id": "training_file", "dataset": "training_file",
-          "training.epochs": "hyperparameters.n_epochs",
-          "training.learning_rate": "hyperparameters.learning_rate_multiplier",
-          "training.micro_batch_size": "hyperparameters.batch_size", "training.seed": "seed",
-          "name": "suffix"}
+PARAMS = {
+    "model.path": "model",
+    "model": "model",
+    "dataset.id": "training_file",
+    "dataset": "training_file",
+    "training.epochs": "hyperparameters.n_epochs",
+    "training.learning_rate": "hyperparameters.learning_rate_multiplier",
+    "training.micro_batch_size": "hyperparameters.batch_size",
+    "training.seed": "seed",
+    "name": "suffix",
+}
 
 
 class OpenAIError(ApiError):
     """An error raised by the OpenAI-compatible routes themselves, with OpenAI's ``code``."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message, headers=headers)
         self.status_code, self.param, self.code = status, param, code
 
@@ -57,8 +78,10 @@ def _message(error: ApiError) -> str:
         fixes = error.extensions.get("alternatives") or []
         if fixes:
             cheapest = fixes[0]
-            return (f"{error.detail.split('. What fits')[0]}. Cheapest fix: {cheapest.get('changes')} "
-                    f"({cheapest.get('reason')})")
+            return (
+                f"{error.detail.split('. What fits')[0]}. Cheapest fix: {cheapest.get('changes')} "
+                f"({cheapest.get('reason')})"
+            )
     return error.detail
 
 
@@ -72,8 +95,12 @@ def error_body(error: ApiError) -> tuple[int, dict[str, Any]]:
         # OpenAI answers invalid requests with 400; the SDK retries a 409, which only a request still
         # in flight (it says when to retry) should get
         status = 400
-    body = {"message": _message(error), "type": _TYPES.get(status, "invalid_request_error"),
-            "param": _param(error), "code": code}
+    body = {
+        "message": _message(error),
+        "type": _TYPES.get(status, "invalid_request_error"),
+        "param": _param(error),
+        "code": code,
+    }
     return status, {"error": body}
 
 
@@ -100,7 +127,8 @@ class OpenAIRoute(APIRoute):
                 # the body's own fields: their paths are the request's parameters already
                 converted = _from_validation(exc)
                 field = converted.errors[0]["field"] if converted.errors else None
-                return openai_response(OpenAIError(400, converted.detail, param=field,
-                                                   code=converted.slug.replace("-", "_")))
+                return openai_response(
+                    OpenAIError(400, converted.detail, param=field, code=converted.slug.replace("-", "_"))
+                )
 
         return route

@@ -32,9 +32,17 @@ _CHUNK = 1 << 16
 
 
 def file_object(ds: DatasetRead | Dataset) -> dict[str, Any]:
-    return {"id": ds.id, "object": "file", "bytes": ds.size_bytes,
-            "created_at": int(ds.created_at.timestamp()), "filename": ds.name, "purpose": PURPOSE,
-            "status": "processed", "expires_at": None, "status_details": None}
+    return {
+        "id": ds.id,
+        "object": "file",
+        "bytes": ds.size_bytes,
+        "created_at": int(ds.created_at.timestamp()),
+        "filename": ds.name,
+        "purpose": PURPOSE,
+        "status": "processed",
+        "expires_at": None,
+        "status_details": None,
+    }
 
 
 def _not_found(file_id: str) -> OpenAIError:
@@ -56,19 +64,24 @@ async def _spool_form(request: Request, spool: datasets.Spool) -> str | None:
         if not isinstance(upload, UploadFile):
             raise OpenAIError(400, "a multipart upload needs a `file` part", param="file")
         if purpose != PURPOSE:
-            raise OpenAIError(400, f"purpose must be '{PURPOSE}' (got {purpose!r}): tunebox stores "
-                              "fine-tuning data only", param="purpose")
+            raise OpenAIError(
+                400,
+                f"purpose must be '{PURPOSE}' (got {purpose!r}): tunebox stores fine-tuning data only",
+                param="purpose",
+            )
         while chunk := await upload.read(_CHUNK):
             spool.write(chunk)
         return upload.filename
 
 
 @router.post("", summary="Upload a fine-tuning file (OpenAI chat JSONL)")
-async def create_file(request: Request, session: SessionDep, settings: SettingsDep,
-                      user: CurrentUser) -> dict[str, Any]:
+async def create_file(
+    request: Request, session: SessionDep, settings: SettingsDep, user: CurrentUser
+) -> dict[str, Any]:
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise OpenAIError(400, "upload the file as multipart/form-data with `file` and `purpose`",
-                          param="file")
+        raise OpenAIError(
+            400, "upload the file as multipart/form-data with `file` and `purpose`", param="file"
+        )
     dataset_id = new_id("ds")
     spool = await run_in_threadpool(datasets.open_spool, settings, dataset_id)
     try:
@@ -79,8 +92,9 @@ async def create_file(request: Request, session: SessionDep, settings: SettingsD
     spool.close()
     name = datasets.safe_name(filename, dataset_id)
     try:
-        created, _ = await run_in_threadpool(datasets.register, session, settings, user, dataset_id, spool,
-                                             name, FILE_FORMAT)
+        created, _ = await run_in_threadpool(
+            datasets.register, session, settings, user, dataset_id, spool, name, FILE_FORMAT
+        )
     except InvalidInput as exc:  # the dataset checks: the message names the row and the key
         raise OpenAIError(400, exc.detail, param="file", code="invalid_file") from exc
     return file_object(created)
@@ -88,7 +102,9 @@ async def create_file(request: Request, session: SessionDep, settings: SettingsD
 
 @router.get("", summary="Your files, newest first")
 def list_files(
-    session: SessionDep, settings: SettingsDep, user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+    user: CurrentUser,
     purpose: Annotated[str | None, Query(max_length=64)] = None,
     after: Annotated[str | None, Query(pattern=r"^ds_[0-9a-z]{1,40}$")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
@@ -100,8 +116,13 @@ def list_files(
     data = [file_object(ds) for ds in page.items]
     if order == "asc":
         data.reverse()
-    return {"object": "list", "data": data, "has_more": page.next_after is not None,
-            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": page.next_after is not None,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
 
 
 def _results_job(session: Session, settings: Settings, user: Principal, file_id: str) -> Job:
@@ -113,14 +134,23 @@ def _results_job(session: Session, settings: Settings, user: Principal, file_id:
 
 
 @router.get("/{file_id}", summary="One file")
-def retrieve_file(file_id: str, session: SessionDep, settings: SettingsDep,
-                  user: CurrentUser) -> dict[str, Any]:
+def retrieve_file(
+    file_id: str, session: SessionDep, settings: SettingsDep, user: CurrentUser
+) -> dict[str, Any]:
     if file_id.startswith(service.RESULTS_PREFIX):
         job = _results_job(session, settings, user, file_id)
         size = len(service.results_csv(session, job).encode())
-        return {"id": file_id, "object": "file", "bytes": size, "created_at": int(job.created_at.timestamp()),
-                "filename": f"{job.id}-results.csv", "purpose": "fine-tune-results", "status": "processed",
-                "expires_at": None, "status_details": None}
+        return {
+            "id": file_id,
+            "object": "file",
+            "bytes": size,
+            "created_at": int(job.created_at.timestamp()),
+            "filename": f"{job.id}-results.csv",
+            "purpose": "fine-tune-results",
+            "status": "processed",
+            "expires_at": None,
+            "status_details": None,
+        }
     return file_object(owned_dataset(session, settings, user, file_id))
 
 
@@ -136,15 +166,20 @@ def file_content(file_id: str, session: SessionDep, settings: SettingsDep, user:
 
 
 @router.delete("/{file_id}", summary="Delete a file (the owner or an admin)")
-def delete_file(file_id: str, session: SessionDep, settings: SettingsDep,
-                user: CurrentUser) -> dict[str, Any]:
+def delete_file(
+    file_id: str, session: SessionDep, settings: SettingsDep, user: CurrentUser
+) -> dict[str, Any]:
     row = owned_dataset(session, settings, user, file_id)
     if row.owner_id != user.user_id and not user.is_admin:
         raise OpenAIError(403, f"only the owner of {file_id} or an admin may delete it", param="id")
     used = session.scalar(select(Job.id).where(Job.dataset_id == file_id).order_by(Job.id.desc()).limit(1))
     if used is not None:
-        raise OpenAIError(400, f"{file_id} is the training file of {used}; a job's data is kept with it",
-                          param="id", code="file_in_use")
+        raise OpenAIError(
+            400,
+            f"{file_id} is the training file of {used}; a job's data is kept with it",
+            param="id",
+            code="file_in_use",
+        )
     path = Path(row.path)
     session.delete(row)
     session.flush()

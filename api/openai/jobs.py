@@ -32,16 +32,28 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 
 @router.post("", summary="Create a fine-tuning job (idempotent under the SDK's retries)")
 async def create_job(
-    body: FineTuningJobCreate, request: Request, session: SessionDep, settings: SettingsDep, user: Submitter,
+    body: FineTuningJobCreate,
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    user: Submitter,
     idempotency_key: Annotated[str | None, Header(alias=idempotency.HEADER)] = None,
     retries_taken: Annotated[int, Header(alias="X-Stainless-Retry-Count", ge=0, le=1000)] = 0,
 ) -> dict[str, Any]:
-    return await run_in_threadpool(_create, session, settings, user, body, idempotency_key, retries_taken,
-                                   request.app.state.enqueue)
+    return await run_in_threadpool(
+        _create, session, settings, user, body, idempotency_key, retries_taken, request.app.state.enqueue
+    )
 
 
-def _create(session: Session, settings: Settings, user: Principal, body: FineTuningJobCreate,
-            explicit_key: str | None, retries_taken: int, enqueue: jobs.Enqueue) -> dict[str, Any]:
+def _create(
+    session: Session,
+    settings: Settings,
+    user: Principal,
+    body: FineTuningJobCreate,
+    explicit_key: str | None,
+    retries_taken: int,
+    enqueue: jobs.Enqueue,
+) -> dict[str, Any]:
     spec = service.spec_from_request(body)
     body_hash = service.fingerprint(body)
     key = service.retry_key(session, user, explicit_key, body_hash, retries_taken)
@@ -57,8 +69,12 @@ def _create(session: Session, settings: Settings, user: Principal, body: FineTun
         idempotency.release(session, user.user_id, key)
         raise
     asked = body.model_dump(mode="json", exclude_none=True, exclude={"tunebox"})
-    session.execute(update(Job).where(Job.id == created.id).values(openai_request=asked)
-                    .execution_options(synchronize_session=False))
+    session.execute(
+        update(Job)
+        .where(Job.id == created.id)
+        .values(openai_request=asked)
+        .execution_options(synchronize_session=False)
+    )
     job, owner = service.readable_job(session, settings, user, created.id)
     obj = service.job_object(job, owner)
     idempotency.complete(session, user.user_id, key, 200, {"id": job.id}, job.id)
@@ -68,14 +84,20 @@ def _create(session: Session, settings: Settings, user: Principal, body: FineTun
 
 
 @router.get("", summary="Your fine-tuning jobs, newest first")
-def list_jobs(session: SessionDep, settings: SettingsDep, user: CurrentUser,
-              after: After = None, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> dict[str, Any]:
+def list_jobs(
+    session: SessionDep,
+    settings: SettingsDep,
+    user: CurrentUser,
+    after: After = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+) -> dict[str, Any]:
     return service.list_jobs(session, settings, user, after, limit)
 
 
 @router.get("/{fine_tuning_job_id}", summary="One fine-tuning job")
-def retrieve_job(fine_tuning_job_id: JobId, session: SessionDep, settings: SettingsDep,
-                 user: CurrentUser) -> dict[str, Any]:
+def retrieve_job(
+    fine_tuning_job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser
+) -> dict[str, Any]:
     return service.job_object(*service.readable_job(session, settings, user, fine_tuning_job_id))
 
 
@@ -85,40 +107,57 @@ def _changed(session: Session, settings: Settings, user: Principal, job_id: str)
 
 
 @router.post("/{fine_tuning_job_id}/cancel", summary="Cancel a fine-tuning job")
-def cancel_job(fine_tuning_job_id: JobId, session: SessionDep, settings: SettingsDep,
-               user: CurrentUser) -> dict[str, Any]:
+def cancel_job(
+    fine_tuning_job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser
+) -> dict[str, Any]:
     service.readable_job(session, settings, user, fine_tuning_job_id)
     jobs.cancel_job(session, user, fine_tuning_job_id)
     return _changed(session, settings, user, fine_tuning_job_id)
 
 
 @router.post("/{fine_tuning_job_id}/pause", summary="Pause a fine-tuning job at its next step")
-def pause_job(fine_tuning_job_id: JobId, session: SessionDep, settings: SettingsDep,
-              user: CurrentUser) -> dict[str, Any]:
+def pause_job(
+    fine_tuning_job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser
+) -> dict[str, Any]:
     service.readable_job(session, settings, user, fine_tuning_job_id)
     jobs.pause_job(session, user, fine_tuning_job_id)
     return _changed(session, settings, user, fine_tuning_job_id)
 
 
 @router.post("/{fine_tuning_job_id}/resume", summary="Resume a paused fine-tuning job")
-def resume_job(fine_tuning_job_id: JobId, request: Request, session: SessionDep, settings: SettingsDep,
-               user: CurrentUser) -> dict[str, Any]:
+def resume_job(
+    fine_tuning_job_id: JobId, request: Request, session: SessionDep, settings: SettingsDep, user: CurrentUser
+) -> dict[str, Any]:
     service.readable_job(session, settings, user, fine_tuning_job_id)
     resumed = jobs.resume_job(session, user, fine_tuning_job_id)
-    after_commit(session, partial(jobs.dispatch, request.app.state.enqueue, resumed.id, resumed.priority,
-                                  jobs.new_task_id()))
+    after_commit(
+        session,
+        partial(jobs.dispatch, request.app.state.enqueue, resumed.id, resumed.priority, jobs.new_task_id()),
+    )
     return _changed(session, settings, user, fine_tuning_job_id)
 
 
 @router.get("/{fine_tuning_job_id}/events", summary="A fine-tuning job's events, newest first")
-def list_events(fine_tuning_job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser,
-                after: After = None, limit: Limit = 20) -> dict[str, Any]:
+def list_events(
+    fine_tuning_job_id: JobId,
+    session: SessionDep,
+    settings: SettingsDep,
+    user: CurrentUser,
+    after: After = None,
+    limit: Limit = 20,
+) -> dict[str, Any]:
     job, _ = service.readable_job(session, settings, user, fine_tuning_job_id)
     return service.list_events(session, job, after, limit)
 
 
 @router.get("/{fine_tuning_job_id}/checkpoints", summary="A fine-tuning job's checkpoints, newest first")
-def list_checkpoints(fine_tuning_job_id: JobId, session: SessionDep, settings: SettingsDep, user: CurrentUser,
-                     after: After = None, limit: Limit = 10) -> dict[str, Any]:
+def list_checkpoints(
+    fine_tuning_job_id: JobId,
+    session: SessionDep,
+    settings: SettingsDep,
+    user: CurrentUser,
+    after: After = None,
+    limit: Limit = 10,
+) -> dict[str, Any]:
     job, _ = service.readable_job(session, settings, user, fine_tuning_job_id)
     return service.list_checkpoints(session, job, after, limit)

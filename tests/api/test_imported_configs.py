@@ -57,40 +57,72 @@ def test_the_zero_block_alone_with_auto_values_plans(pg_env):
 
 
 def test_batch_fields_fill_the_spec_and_a_contradiction_names_both(pg_env):
-    config = {**_ds("ds_z2_config.json"), "train_micro_batch_size_per_gpu": 2,
-              "gradient_accumulation_steps": 4}
+    config = {
+        **_ds("ds_z2_config.json"),
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4,
+    }
     res = _plan(pg_env, job_spec(resources={"deepspeed": config}, hardware=BOX))
     assert res.status_code == 200, res.text
     resolved = res.json()["resolved"]
     assert (resolved["micro_batch_size"], resolved["gradient_accumulation_steps"]) == (2, 4)
-    res = _plan(pg_env, job_spec(resources={"deepspeed": config}, hardware=BOX,
-                                 training={"max_steps": 10, "seq_len": 512, "micro_batch_size": 8}))
+    res = _plan(
+        pg_env,
+        job_spec(
+            resources={"deepspeed": config},
+            hardware=BOX,
+            training={"max_steps": 10, "seq_len": 512, "micro_batch_size": 8},
+        ),
+    )
     assert res.status_code == 422
     fields = {e["field"] for e in res.json()["errors"]}
     assert fields == {"training.micro_batch_size", "resources.deepspeed.train_micro_batch_size_per_gpu"}
     total = {**_ds("ds_z2_config.json"), "train_batch_size": 32}
     training = {"max_steps": 10, "seq_len": 512, "gradient_accumulation_steps": 8}
-    res = _plan(pg_env, job_spec(resources={"deepspeed": total, "num_gpus": 1}, hardware=BOX,
-                                 training=training))
+    res = _plan(
+        pg_env, job_spec(resources={"deepspeed": total, "num_gpus": 1}, hardware=BOX, training=training)
+    )
     assert res.status_code == 200, res.text
     assert res.json()["resolved"]["micro_batch_size"] == 4  # 32 = 4 x 8 x 1 GPU
-    res = _plan(pg_env, job_spec(resources={"deepspeed": total, "num_gpus": 1}, hardware=BOX,
-                                 training={"max_steps": 10, "seq_len": 512, "micro_batch_size": 2,
-                                           "gradient_accumulation_steps": 8}))
+    res = _plan(
+        pg_env,
+        job_spec(
+            resources={"deepspeed": total, "num_gpus": 1},
+            hardware=BOX,
+            training={
+                "max_steps": 10,
+                "seq_len": 512,
+                "micro_batch_size": 2,
+                "gradient_accumulation_steps": 8,
+            },
+        ),
+    )
     assert res.status_code == 422
-    assert {e["field"] for e in res.json()["errors"]} == {"resources.deepspeed.train_batch_size",
-                                                         "training.micro_batch_size"}
+    assert {e["field"] for e in res.json()["errors"]} == {
+        "resources.deepspeed.train_batch_size",
+        "training.micro_batch_size",
+    }
 
 
 def test_precision_and_settings_tunebox_generates(pg_env):
     config = {**_ds("ds_z0_config.json"), "bf16": {"enabled": True}}
-    res = _plan(pg_env, job_spec(resources={"deepspeed": config}, hardware=BOX,
-                                 training={"max_steps": 10, "seq_len": 512, "precision": "fp16"}))
+    res = _plan(
+        pg_env,
+        job_spec(
+            resources={"deepspeed": config},
+            hardware=BOX,
+            training={"max_steps": 10, "seq_len": 512, "precision": "fp16"},
+        ),
+    )
     assert res.status_code == 422
-    assert {e["field"] for e in res.json()["errors"]} == {"training.precision",
-                                                         "resources.deepspeed.bf16.enabled"}
-    auto_optimizer = {**config, "optimizer": {"type": "AdamW",
-                                              "params": {"lr": "auto", "weight_decay": "auto"}}}
+    assert {e["field"] for e in res.json()["errors"]} == {
+        "training.precision",
+        "resources.deepspeed.bf16.enabled",
+    }
+    auto_optimizer = {
+        **config,
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+    }
     assert _plan(pg_env, job_spec(resources={"deepspeed": auto_optimizer}, hardware=BOX)).status_code == 200
     fixed = {**config, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
     res = _plan(pg_env, job_spec(resources={"deepspeed": fixed}, hardware=BOX))
@@ -120,9 +152,21 @@ def test_llamafactorys_example_yamls_convert_and_plan(pg_env, path):
     assert spec["method"] == {"full": "full", "lora": lora}[config["finetuning_type"]]
     if spec["method"] != "full":
         assert spec["lora"]["r"] == config["lora_rank"] and spec["lora"]["target_modules"] == ["all-linear"]
-    taken = {"model_name_or_path", "finetuning_type", "lora_rank", "lora_target", "cutoff_len",
-             "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
-             "num_train_epochs", "dataset", "deepspeed", "quantization_bit", "quantization_method"}
+    taken = {
+        "model_name_or_path",
+        "finetuning_type",
+        "lora_rank",
+        "lora_target",
+        "cutoff_len",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "learning_rate",
+        "num_train_epochs",
+        "dataset",
+        "deepspeed",
+        "quantization_bit",
+        "quantization_method",
+    }
     left = set(config) - taken
     assert set(converted.unmapped) <= left
     assert {"template", "output_dir"} <= set(converted.unmapped)
@@ -136,10 +180,15 @@ def test_llamafactorys_example_yamls_convert_and_plan(pg_env, path):
         assert res.json()["resolved"]["zero_stage"] == 3
 
 
-@pytest.mark.parametrize(("change", "field"), [({"stage": "dpo"}, "stage"),
-                                               ({"quantization_bit": 8}, "quantization_bit"),
-                                               ({"dataset": "identity,alpaca_en_demo"}, "dataset"),
-                                               ({"finetuning_type": "freeze"}, "finetuning_type")])
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"stage": "dpo"}, "stage"),
+        ({"quantization_bit": 8}, "quantization_bit"),
+        ({"dataset": "identity,alpaca_en_demo"}, "dataset"),
+        ({"finetuning_type": "freeze"}, "finetuning_type"),
+    ],
+)
 def test_what_tunebox_cannot_honour_is_refused_by_name(change, field):
     config = {**yaml.safe_load((DATA / "qwen3_lora_sft.yaml").read_text()), "dataset": "identity", **change}
     with pytest.raises(PlanError) as err:

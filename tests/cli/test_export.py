@@ -40,9 +40,10 @@ def _adapter(base: Path, dest: Path, seed: int) -> Path:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                      init_lora_weights=False))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
     model.save_pretrained(dest)
     (dest / "ds").mkdir()
     (dest / "ds" / "optimizer_states.pt").write_bytes(b"x" * 1000)
@@ -67,8 +68,9 @@ def test_archives_are_the_owners_and_leave_the_resume_state_out(server: Env, tin
     assert res.status_code == 200 and res.headers["content-type"] == "application/gzip"
     names = _names(res.content)
     assert f"{job_id}-step-4/adapter_config.json" in names and not any("/ds/" in n for n in names)
-    with_state = server.client.get(f"/v1/jobs/{job_id}/checkpoints/4/archive?with_state=true",
-                                   headers=server.auth())
+    with_state = server.client.get(
+        f"/v1/jobs/{job_id}/checkpoints/4/archive?with_state=true", headers=server.auth()
+    )
     assert f"{job_id}-step-4/ds/optimizer_states.pt" in _names(with_state.content)
     assert server.client.get(f"/v1/jobs/{job_id}/adapter", headers=server.auth("bob")).status_code == 404
     assert server.client.get(f"/v1/jobs/{job_id}/adapter", headers=server.auth("root")).status_code == 200
@@ -77,21 +79,27 @@ def test_archives_are_the_owners_and_leave_the_resume_state_out(server: Env, tin
 
 
 def test_export_the_adapter_and_a_merged_model_that_generates_the_same_tokens(
-        server: Env, tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    server: Env, tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     job_id = server.submit()["id"]
-    _checkpoints(server.url, job_id, (4, _adapter(tiny, tmp_path / "step-4", 1), False),
-                 (8, _adapter(tiny, tmp_path / "step-8", 2), True))
+    _checkpoints(
+        server.url,
+        job_id,
+        (4, _adapter(tiny, tmp_path / "step-4", 1), False),
+        (8, _adapter(tiny, tmp_path / "step-8", 2), True),
+    )
     assert main(["export", job_id, str(tmp_path / "final")]) == 0
     assert (tmp_path / "final" / "adapter_config.json").is_file() and not (tmp_path / "final" / "ds").exists()
     final = (tmp_path / "final" / "adapter_model.safetensors").read_bytes()
     assert final == (tmp_path / "step-8" / "adapter_model.safetensors").read_bytes()
     assert main(["export", job_id, "--checkpoint", "4", str(tmp_path / "four")]) == 0
-    assert (tmp_path / "four" / "adapter_model.safetensors").read_bytes() == \
-        (tmp_path / "step-4" / "adapter_model.safetensors").read_bytes()
+    assert (tmp_path / "four" / "adapter_model.safetensors").read_bytes() == (
+        tmp_path / "step-4" / "adapter_model.safetensors"
+    ).read_bytes()
     assert main(["export", job_id, "--merge", "--base", str(tiny), str(tmp_path / "merged")]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(tmp_path / "merged")
 

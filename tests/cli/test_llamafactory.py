@@ -30,8 +30,14 @@ def server(pg_env: Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
 def _config(tmp_path: Path, roots: tuple[Path, Path], **changes: object) -> str:
     """LLaMA-Factory's DeepSpeed LoRA example on this box's model and dataset, its DeepSpeed file beside."""
     config = yaml.safe_load((DATA / "qwen3_lora_sft_ds3.yaml").read_text())
-    config.update(model_name_or_path="small", dataset="train.jsonl", dataset_dir=str(roots[1]),
-                  cutoff_len=512, max_steps=10, **changes)
+    config.update(
+        model_name_or_path="small",
+        dataset="train.jsonl",
+        dataset_dir=str(roots[1]),
+        cutoff_len=512,
+        max_steps=10,
+        **changes,
+    )
     shutil.copy(DATA / "ds_z3_config.json", tmp_path / "ds_z3_config.json")
     path = tmp_path / "lf.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -39,7 +45,8 @@ def _config(tmp_path: Path, roots: tuple[Path, Path], **changes: object) -> str:
 
 
 def test_submit_from_llamafactory_prints_the_spec_and_what_it_does_not_take(
-        server: Env, roots: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    server: Env, roots: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["submit", "--from", "llamafactory", _config(tmp_path, roots)]) == 0
     out = capsys.readouterr()
     job_id = out.out.strip()
@@ -57,6 +64,7 @@ def test_submit_from_llamafactory_prints_the_spec_and_what_it_does_not_take(
 
 
 def test_a_key_tunebox_cannot_honour_is_an_error_naming_it(
-        server: Env, roots: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    server: Env, roots: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["submit", "--from", "llamafactory", _config(tmp_path, roots, stage="dpo")]) == 1
     assert "stage" in capsys.readouterr().err and server.count(Job) == 0

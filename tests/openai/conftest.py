@@ -38,8 +38,9 @@ def box(request: pytest.FixtureRequest, roots: tuple[Path, Path], tmp_path: Path
     url = request.getfixturevalue("pg_url" if request.param == "postgresql" else "sqlite_url")
     truncate_all(url)
     enqueued = Enqueued()
-    app = create_app(make_settings(url, roots, tmp_path, max_body_bytes=4 * 2**20), enqueue=enqueued,
-                     token_cache_ttl_s=0)
+    app = create_app(
+        make_settings(url, roots, tmp_path, max_body_bytes=4 * 2**20), enqueue=enqueued, token_cache_ttl_s=0
+    )
     chat = write_jsonl(tmp_path / "chat.jsonl", messages_rows(24))
     with serve_in_thread(app) as base_url:
         yield Box(url, base_url, enqueued, issue_tokens(url), chat)

@@ -74,10 +74,19 @@ def test_create_retrieve_list_and_the_job_behind_it(box):
     client = box.client()
     file = _upload(client, box.chat_file)
     job = client.fine_tuning.jobs.create(
-        model="small", training_file=file.id, suffix="support", seed=7, metadata={"team": "nlp"},
-        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 4,
-                                                                          "learning_rate_multiplier": 0.5}}},
-        extra_body={"tunebox": {"training": {"seq_len": 512}, "lora": {"r": 8}}})
+        model="small",
+        training_file=file.id,
+        suffix="support",
+        seed=7,
+        metadata={"team": "nlp"},
+        method={
+            "type": "supervised",
+            "supervised": {
+                "hyperparameters": {"n_epochs": 2, "batch_size": 4, "learning_rate_multiplier": 0.5}
+            },
+        },
+        extra_body={"tunebox": {"training": {"seq_len": 512}, "lora": {"r": 8}}},
+    )
     assert job.object == "fine_tuning.job" and job.status == "queued" and job.id.startswith("job_")
     assert job.model == "small" and job.training_file == file.id and job.seed == 7
     assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.batch_size >= 4
@@ -95,8 +104,9 @@ def test_create_retrieve_list_and_the_job_behind_it(box):
         assert row.spec["lora"]["r"] == 8 and row.spec["training"]["seed"] == 7
     assert box.enqueued.calls == [(job.id, 0)]
     assert client.fine_tuning.jobs.retrieve(job.id).id == job.id
-    second = client.fine_tuning.jobs.create(model="small", training_file=file.id,
-                                            extra_body={"tunebox": SMALL})
+    second = client.fine_tuning.jobs.create(
+        model="small", training_file=file.id, extra_body={"tunebox": SMALL}
+    )
     page = client.fine_tuning.jobs.list(limit=1)
     assert [j.id for j in page.data] == [second.id] and page.has_more is True
     assert [j.id for j in client.fine_tuning.jobs.list()] == [second.id, job.id]  # auto-paging
@@ -129,8 +139,13 @@ def test_cancel_pause_resume_and_events(box):
     events = list(client.fine_tuning.jobs.list_events(b.id))
     assert all(e.object == "fine_tuning.job.event" and e.type == "message" for e in events)
     moves = [(e.data["from"], e.data["to"]) for e in events if e.data.get("kind") == "status"]
-    assert moves == [("paused", "queued"), ("pausing", "paused"), ("running", "pausing"),
-                     ("starting", "running"), ("queued", "starting")]  # newest first
+    assert moves == [
+        ("paused", "queued"),
+        ("pausing", "paused"),
+        ("running", "pausing"),
+        ("starting", "running"),
+        ("queued", "starting"),
+    ]  # newest first
     assert client.fine_tuning.jobs.checkpoints.list(b.id).data == []
 
 
@@ -148,8 +163,10 @@ def test_a_job_that_does_not_fit_is_a_400_with_the_code_and_the_cheapest_fix(box
     file = _upload(client, box.chat_file)
     with pytest.raises(openai.BadRequestError) as err:
         client.fine_tuning.jobs.create(
-            model="big", training_file=file.id,
-            extra_body={"tunebox": {"method": "full", "training": {"seq_len": 512}}})
+            model="big",
+            training_file=file.id,
+            extra_body={"tunebox": {"method": "full", "training": {"seq_len": 512}}},
+        )
     assert err.value.status_code == 400 and err.value.code == "insufficient_gpu_memory"
     assert err.value.type == "invalid_request_error"
     assert "does not fit" in err.value.message
@@ -159,14 +176,24 @@ def test_a_job_that_does_not_fit_is_a_400_with_the_code_and_the_cheapest_fix(box
 def test_bad_fields_name_the_request_parameter(box):
     client = box.client(max_retries=0)
     file = _upload(client, box.chat_file)
-    cases = [({"model": "nope", "training_file": file.id}, "model"),
-             ({"model": "small", "training_file": "ds_missing"}, "training_file"),
-             ({"model": "small", "training_file": file.id, "hyperparameters": {"n_epochs": 0}},
-              "hyperparameters.n_epochs"),
-             ({"model": "small", "training_file": file.id, "validation_file": file.id}, "validation_file"),
-             ({"model": "small", "training_file": file.id,
-               "extra_body": {"tunebox": {"training": {"seq_len": 2}}}}, "tunebox.training.seq_len"),
-             ({"model": "small", "training_file": file.id, "extra_body": {"epochs": 3}}, "epochs")]
+    cases = [
+        ({"model": "nope", "training_file": file.id}, "model"),
+        ({"model": "small", "training_file": "ds_missing"}, "training_file"),
+        (
+            {"model": "small", "training_file": file.id, "hyperparameters": {"n_epochs": 0}},
+            "hyperparameters.n_epochs",
+        ),
+        ({"model": "small", "training_file": file.id, "validation_file": file.id}, "validation_file"),
+        (
+            {
+                "model": "small",
+                "training_file": file.id,
+                "extra_body": {"tunebox": {"training": {"seq_len": 2}}},
+            },
+            "tunebox.training.seq_len",
+        ),
+        ({"model": "small", "training_file": file.id, "extra_body": {"epochs": 3}}, "epochs"),
+    ]
     for kwargs, param in cases:
         with pytest.raises(openai.BadRequestError) as err:
             client.fine_tuning.jobs.create(**kwargs)
@@ -202,6 +229,7 @@ def test_creation_is_idempotent_under_the_sdks_retries(box):
     job = client.fine_tuning.jobs.create(model="small", training_file=file.id, extra_body={"tunebox": SMALL})
     assert transport.retry_counts == ["0", "1"]  # the first attempt created the job; its answer was lost
     assert _jobs(box.url) == 1 and len(box.enqueued.calls) == 1
-    again = client.fine_tuning.jobs.create(model="small", training_file=file.id,
-                                           extra_body={"tunebox": SMALL})
+    again = client.fine_tuning.jobs.create(
+        model="small", training_file=file.id, extra_body={"tunebox": SMALL}
+    )
     assert again.id != job.id and _jobs(box.url) == 2  # the same body sent anew is a new job
