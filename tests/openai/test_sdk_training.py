@@ -22,6 +22,7 @@ from tests.worker.harness import ApiServer, WorkerProcess, wait_for, worker_env
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3000)]
 DONE = {"succeeded", "failed", "cancelled"}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+PAUSED_RUN_STEPS = 120  # a tiny model steps fast once running: long enough for the pause to land mid-run
 TIMEOUT = 1200  # a shared CPU box may be slow to start a DeepSpeed run
 
 
@@ -164,7 +165,7 @@ def test_a_paused_job_frees_its_gpu_and_resumes_from_its_checkpoint(stack):
         model="tiny",
         training_file=file_id,
         hyperparameters={"learning_rate_multiplier": 25},
-        extra_body=knobs(max_steps=12, save_steps=1000),
+        extra_body=knobs(max_steps=PAUSED_RUN_STEPS, save_steps=1000),
     )
     _wait(
         client,
@@ -178,7 +179,7 @@ def test_a_paused_job_frees_its_gpu_and_resumes_from_its_checkpoint(stack):
     client.fine_tuning.jobs.pause(job.id)
     paused = _wait(client, job.id, lambda j: j.status == "paused", TIMEOUT, "to pause", api, worker)
     at = paused.model_extra["tunebox"]["step"]
-    assert 3 <= at < 12 and _no_leases(api)
+    assert 3 <= at < PAUSED_RUN_STEPS and _no_leases(api)
     assert [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id).data] == [at]
     before = _losses(api, job.id)
     assert sorted(before) == list(range(1, at + 1))
@@ -188,7 +189,7 @@ def test_a_paused_job_frees_its_gpu_and_resumes_from_its_checkpoint(stack):
     done = _wait(client, job.id, lambda j: j.status in DONE, TIMEOUT, "to finish", api, worker)
     assert done.status == "succeeded", (done.error, done.model_extra["tunebox"])
     losses = _losses(api, job.id)
-    assert sorted(losses) == list(range(1, 13))
+    assert sorted(losses) == list(range(1, PAUSED_RUN_STEPS + 1))
     assert {s: losses[s] for s in before} == before  # the steps before the pause ran once
     assert losses[at + 1] < losses[1]  # it continued from the checkpoint, not from the start
     with api.client() as http:
