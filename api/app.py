@@ -24,6 +24,7 @@ from api.jobs.service import Enqueue
 from api.jobs.stream import StreamTiming
 from api.me.router import router as me_router
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from api.openai import files_router, fine_tuning_router
 from api.ops.metrics import ApiMetrics, CalibrationCollector, calibration_reader
 from api.ops.router import router as ops_router
 from api.plans.router import router as plans_router
@@ -95,6 +96,8 @@ def create_app(
                    me_router):
         app.include_router(router)
     install_dashboard(app)
+    app.include_router(files_router)
+    app.include_router(fine_tuning_router)
     # added last = outermost: the limit applies before anything reads the body
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)

@@ -132,6 +132,8 @@ class Job(Base):
 
     eval_status: Mapped[str | None] = mapped_column(String(16))
     eval_result: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    # a job created through POST /v1/fine_tuning/jobs: that request's fields as accepted
+    openai_request: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

@@ -24,6 +24,8 @@ class JobStatus(StrEnum):
     RUNNING = "running"
     EVALUATING = "evaluating"
     CANCELLING = "cancelling"
+    PAUSING = "pausing"
+    PAUSED = "paused"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -41,19 +43,24 @@ class JobStatus(StrEnum):
 
 
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
-ACTIVE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.EVALUATING, JobStatus.CANCELLING})
+ACTIVE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.EVALUATING, JobStatus.CANCELLING,
+                    JobStatus.PAUSING})
 
 S = JobStatus
 # target state -> the states it may be entered from
 ALLOWED_FROM: Mapping[JobStatus, frozenset[JobStatus]] = {
-    S.QUEUED: frozenset({S.STARTING, S.RUNNING, S.EVALUATING}),  # re-queued after a lost worker
+    # re-queued after a lost worker; resumed from paused
+    S.QUEUED: frozenset({S.STARTING, S.RUNNING, S.EVALUATING, S.PAUSED}),
     S.STARTING: frozenset({S.QUEUED}),
     S.RUNNING: frozenset({S.STARTING}),
     S.EVALUATING: frozenset({S.RUNNING}),
-    S.CANCELLING: frozenset({S.STARTING, S.RUNNING, S.EVALUATING}),
+    S.CANCELLING: frozenset({S.STARTING, S.RUNNING, S.EVALUATING, S.PAUSING}),
+    S.PAUSING: frozenset({S.RUNNING}),
+    # the training saved a checkpoint at a step boundary and ended; its GPUs are free
+    S.PAUSED: frozenset({S.PAUSING}),
     S.SUCCEEDED: frozenset({S.RUNNING, S.EVALUATING}),
-    S.FAILED: frozenset({S.QUEUED, S.STARTING, S.RUNNING, S.EVALUATING, S.CANCELLING}),
-    S.CANCELLED: frozenset({S.QUEUED, S.CANCELLING}),
+    S.FAILED: frozenset({S.QUEUED, S.STARTING, S.RUNNING, S.EVALUATING, S.CANCELLING, S.PAUSING}),
+    S.CANCELLED: frozenset({S.QUEUED, S.CANCELLING, S.PAUSED}),
 }
 
 

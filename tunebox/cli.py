@@ -192,11 +192,54 @@ def load_spec(path: str) -> dict[str, Any]:
     return data
 
 
+def _json_beside(path: str, named: str, what: str) -> dict[str, Any]:
+    """A JSON file a config names: as given, beside the config, or by its name beside the config."""
+    import json
+
+    base = Path(path).parent
+    for candidate in (Path(named), base / named, base / Path(named).name):
+        if candidate.is_file():
+            try:
+                data = json.loads(candidate.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                raise CliError(f"{candidate}: not valid JSON: {exc}") from None
+            if isinstance(data, dict):
+                return data
+            raise CliError(f"{candidate}: {what} is a JSON object")
+    raise CliError(f"{path}: {what} {named!r} not found (as given, or beside the config)")
+
+
+def spec_from_llamafactory(path: str) -> dict[str, Any]:
+    """The job spec of a LLaMA-Factory training YAML; prints it and the keys it does not take (stderr)."""
+    import yaml
+
+    from planner import PlanError
+    from planner.llamafactory import convert
+
+    config = load_spec(path)
+    deepspeed = _json_beside(path, str(config["deepspeed"]), "the DeepSpeed config") \
+        if config.get("deepspeed") else None
+    info_path = Path(str(config.get("dataset_dir", "data"))) / "dataset_info.json"
+    info = _json_beside(path, str(info_path), "dataset_info.json") if info_path.is_file() else None
+    try:
+        converted = convert(config, deepspeed=deepspeed, dataset_info=info)
+    except PlanError as exc:
+        raise CliError(f"{path}: {exc.field}: {exc.message}") from None
+    print(f"# the tunebox spec of {path}", file=sys.stderr)
+    print(yaml.safe_dump(converted.spec, sort_keys=False).rstrip(), file=sys.stderr)
+    if converted.unmapped:
+        print(f"# not taken from {path}:", file=sys.stderr)
+        for key, why in converted.unmapped.items():
+            print(f"#   {key}: {why}", file=sys.stderr)
+    return converted.spec
+
+
 # --------------------------------------------------------------------------- client commands
 
 
 def cmd_submit(args: argparse.Namespace, client: Client) -> int:
-    job = client.submit(load_spec(args.spec), idempotency_key=args.idempotency_key)
+    spec = spec_from_llamafactory(args.spec) if args.source == "llamafactory" else load_spec(args.spec)
+    job = client.submit(spec, idempotency_key=args.idempotency_key)
     print(job["id"], flush=True)  # alone on standard output, for scripts; the plan goes to stderr
     if job.get("plan"):
         print_plan_summary(job["plan"], sys.stderr)
@@ -274,6 +317,38 @@ def cmd_show(args: argparse.Namespace, client: Client) -> int:
 
 def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
     job = client.cancel(args.id)
+    print(f"{job['id']} {job['status']}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, client: Client) -> int:
+    import tempfile
+
+    from tunebox import export
+
+    dest = Path(args.dest)
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = client.download(args.id, Path(tmp) / "checkpoint.tar.gz", step=args.checkpoint)
+        folder = export.unpack(archive, Path(tmp) / "unpacked")
+        if not args.merge or not export.is_adapter(folder):
+            export.copy_folder(folder, dest)  # a full fine-tune's checkpoint is a whole model already
+        else:
+            base = Path(args.base or client.job(args.id)["spec"]["model"]["path"])
+            if not (base / "config.json").is_file():
+                raise CliError(f"{base}: the base model folder is not here; name it with --base")
+            export.merge(folder, base, dest)
+    print(dest)
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace, client: Client) -> int:
+    job = client.pause(args.id)
+    print(f"{job['id']} {job['status']}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace, client: Client) -> int:
+    job = client.resume(args.id)
     print(f"{job['id']} {job['status']}")
     return 0
 
@@ -513,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("submit", help="submit a job spec (YAML or JSON); prints the job id")
     p.add_argument("spec")
+    p.add_argument("--from", dest="source", choices=("tunebox", "llamafactory"), default="tunebox",
+                   help="llamafactory: a LLaMA-Factory training YAML, converted and printed first")
     p.add_argument("--idempotency-key", help="resubmitting with the same key never makes a second job")
     p.set_defaults(client_command=cmd_submit)
 
@@ -545,6 +622,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", help="cancel a job")
     p.add_argument("id")
     p.set_defaults(client_command=cmd_cancel)
+
+    p = sub.add_parser("export", help="a job's final adapter (or a checkpoint) into DEST; --merge: merged")
+    p.add_argument("id")
+    p.add_argument("dest")
+    p.add_argument("--checkpoint", type=int, help="the checkpoint of this step instead of the final adapter")
+    p.add_argument("--merge", action="store_true", help="merge the adapter into its base model (bf16)")
+    p.add_argument("--base", help="the base model folder; default: the job's model.path")
+    p.set_defaults(client_command=cmd_export)
+
+    p = sub.add_parser("pause", help="pause a running job: it checkpoints at its next step, frees its GPUs")
+    p.add_argument("id")
+    p.set_defaults(client_command=cmd_pause)
+
+    p = sub.add_parser("resume", help="queue a paused job again; it continues from its checkpoint")
+    p.add_argument("id")
+    p.set_defaults(client_command=cmd_resume)
 
     p = sub.add_parser("plan", help="run the planner locally (no server)")
     p.add_argument("spec")

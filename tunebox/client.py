@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -91,6 +92,27 @@ class Client:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    def download(self, job_id: str, dest: Path, *, step: int | None = None) -> Path:
+        """A checkpoint (``step``) or the final adapter as ``.tar.gz``, written to ``dest``."""
+        path = f"/v1/jobs/{job_id}/" + ("adapter" if step is None else f"checkpoints/{step}/archive")
+        try:
+            with self._http.stream("GET", path) as res:
+                if res.status_code >= 400:
+                    res.read()
+                    raise ApiProblem(res.status_code, _problem_body(res))
+                with dest.open("wb") as out:
+                    for chunk in res.iter_bytes():
+                        out.write(chunk)
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot download from {self.url}: {exc}") from exc
+        return dest
+
+    def pause(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/pause"))
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/resume"))
 
     def events(self, job_id: str, *, after: int = 0, limit: int = 200) -> dict[str, Any]:
         params = {"after": after, "limit": limit}

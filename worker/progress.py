@@ -97,6 +97,7 @@ class ProgressRecorder:
     peaks: Peaks = field(default_factory=Peaks)
     started: dict[str, Any] | None = None
     done: dict[str, Any] | None = None
+    paused: dict[str, Any] | None = None
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     _pending: dict[str, Any] | None = None
     _last_write: float = 0.0
@@ -140,6 +141,8 @@ class ProgressRecorder:
             self._record_removed(record)
         elif kind == "done":
             self.done = record
+        elif kind == "paused":
+            self.paused = record
 
     def flush(self, force: bool = True) -> None:
         """Write the latest progress if the interval has passed (or ``force``)."""

@@ -48,6 +48,7 @@ class Report:
     failed: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     succeeded: list[str] = field(default_factory=list)
+    paused: list[str] = field(default_factory=list)
     killed_groups: list[int] = field(default_factory=list)
     resent: list[str] = field(default_factory=list)
 
@@ -122,6 +123,11 @@ def recover_lost(session: Session, job: Job, settings: Settings, message: str) -
         transition(session, job.id, JobStatus.CANCELLED, expected=status, actor=ACTOR,
                    message=f"cancelled: {message}", data=data)
         return "cancelled"
+    if status is JobStatus.PAUSING:
+        # resuming continues from the newest complete checkpoint, whichever run wrote it
+        transition(session, job.id, JobStatus.PAUSED, expected=status, actor=ACTOR,
+                   message=f"paused: {message}", data=data)
+        return "paused"
     if status is JobStatus.EVALUATING:
         # the trained model is complete; only its evaluation was lost
         transition(session, job.id, JobStatus.SUCCEEDED, expected=status, actor=ACTOR,
@@ -143,7 +149,8 @@ def recover_lost(session: Session, job: Job, settings: Settings, message: str) -
 def _drop_dead_leases(url: str) -> None:
     """Leases of jobs that no longer run (a worker died between its last write and the release)."""
     with session_scope(url) as s:
-        idle = select(Job.id).where(Job.status.in_([x.value for x in TERMINAL | {JobStatus.QUEUED}]))
+        without_process = TERMINAL | {JobStatus.QUEUED, JobStatus.PAUSED}
+        idle = select(Job.id).where(Job.status.in_([x.value for x in without_process]))
         s.execute(delete(GpuLease).where(GpuLease.job_id.in_(idle)).execution_options(
             synchronize_session=False))
 

@@ -46,11 +46,14 @@ SAMPLE_EVERY_S = 2.0
 # exit codes of the training and evaluation processes (worker/_trainlib/runfile.py) → failure
 EXIT_REASONS = {2: ("user_error", "user_error"), 3: ("error", "cuda_oom"), 4: ("error", "host_oom"),
                 5: ("error", "disk_full")}
+EXIT_PAUSED = 6
+PAUSE_FILE = "pause.request"  # worker/_trainlib/runfile.py: the training pauses at its next step
 
 
 class Watch(StrEnum):
     EXITED = "exited"
     CANCEL = "cancel"
+    PAUSE = "pause"
     LOST = "lost"
 
 
@@ -121,18 +124,22 @@ class JobRun:
             return self._cancel()
         if outcome is Watch.LOST:
             raise RunLost
-        failure = self._training_failure(train)
+        paused = train.poll() == EXIT_PAUSED and self.status is JobStatus.PAUSING
+        failure = None if paused else self._training_failure(train)
         if failure is not None and failure.reason == "cuda_oom" and failure.data:
             failure = self._plan_again(failure)
         if failure is not None:
             return self._fail(failure)
         if self.status is JobStatus.QUEUED:
             return self.status
+        if self.status is JobStatus.PAUSING:  # its last step's checkpoint holds the final model too
+            return self._paused()
         self._to_running()
         return self._after_training()
 
     def _prepare(self) -> None:
-        for stale in ("failure.json",):  # a previous run's verdict must not be read as this one's
+        # a previous run's verdict and pause request must not be read as this one's
+        for stale in ("failure.json", PAUSE_FILE):
             (self.dir / stale).unlink(missing_ok=True)
         with session_scope(self.url) as s:
             job = s.get(Job, self.job_id)
@@ -170,7 +177,9 @@ class JobRun:
                 else:
                     group.settle()
                 return Watch.EXITED
-            if verdict is not None:
+            if verdict is Watch.PAUSE:
+                self._ask_pause()
+            elif verdict is not None:
                 return verdict
             time.sleep(POLL_S)
 
@@ -231,7 +240,17 @@ class JobRun:
             return Watch.LOST
         if JobStatus(row.status) is JobStatus.CANCELLING:
             return Watch.CANCEL
+        if JobStatus(row.status) is JobStatus.PAUSING:
+            return Watch.PAUSE
         return None
+
+    def _ask_pause(self) -> None:
+        """Ask the training to checkpoint at its next step boundary and end (it sees the file)."""
+        request = self.dir / PAUSE_FILE
+        if self.status is not JobStatus.PAUSING or not request.exists():
+            request.touch()
+            self.status = JobStatus.PAUSING
+            self._event("process", "pause asked: the training checkpoints at its next step and ends")
 
     def _leases_lost(self) -> Watch:
         """Our leases expired (the database was out of reach too long): the cards may be another's."""
@@ -318,6 +337,11 @@ class JobRun:
             total = (self.recorder.started or {}).get("total_steps")
             extra = {"total_steps": total} if total else {}
             self._transition(JobStatus.RUNNING, "training is running", **extra)
+
+    def _paused(self) -> JobStatus | None:
+        """The training saved a checkpoint and ended at a pause: the job waits, its GPUs freed."""
+        step = (self.recorder.paused or self.recorder.done or {}).get("step")
+        return self._finish(JobStatus.PAUSED, f"paused at step {step}; its GPUs are free")
 
     def _transition(self, target: JobStatus, message: str, data: dict[str, Any] | None = None,
                     **fields: Any) -> None:

@@ -13,7 +13,9 @@ Run by the worker's launcher or the ``deepspeed`` launcher; the rank comes from 
   samples_per_second, peak_gpu_bytes (PyTorch's reserved peak), peak_allocated_gpu_bytes,
   nvml_peak_bytes (when NVML sees this pid), host_rss_bytes, host_cpu_percent, eta_seconds};
   ``checkpoint`` {step, path}; ``done``
-  {step, final_path, peak_gpu_bytes, host_peak_rss_bytes}; ``stopped`` {step, signal} on SIGTERM.
+  {step, final_path, peak_gpu_bytes, host_peak_rss_bytes}; ``stopped`` {step, signal} on SIGTERM;
+  ``paused`` {step, total_steps} once it saved ``checkpoints/step-N`` because ``DIR/pause.request``
+  exists (the worker's pause).
   GPU byte figures are null on the CPU.
 - ``DIR/eval_split.jsonl``: the held-out rows, ``{"format", "messages"}`` per line, for
   ``worker.evaluate``.
@@ -23,7 +25,7 @@ Run by the worker's launcher or the ``deepspeed`` launcher; the rank comes from 
 
 Exit codes: 0 done; 1 error (system fault); 2 user_error (bad_dataset, rows_dropped, bad_model,
 missing_tokenizer, qlora_unavailable, optimizer_unavailable, attn_unavailable, bad_lora_targets);
-3 cuda_oom; 4 host_oom; 5 disk_full;
+3 cuda_oom; 4 host_oom; 5 disk_full; 6 paused (a checkpoint of the last step is complete);
 143 stopped by SIGTERM (no failure.json; a checkpoint being written is discarded, never left half).
 """
 
@@ -58,7 +60,9 @@ from worker._trainlib.data import (
 from worker._trainlib.progress import Meter, ProgressLog, host_peak_rss_bytes
 from worker._trainlib.runfile import (
     EXIT_OK,
+    EXIT_PAUSED,
     EXIT_TERMINATED,
+    PAUSE_FILE,
     USER_ERROR,
     JobFailure,
     RunConfig,
@@ -391,6 +395,18 @@ class Trainer:
                 self.progress.emit("checkpoints_removed", steps=removed, kept=keep)
         return path
 
+    def pause_asked(self) -> bool:
+        """Whether the worker asked for a pause; every rank agrees (the save is a collective)."""
+        asked = (self.run.job_dir / PAUSE_FILE).exists()
+        if self.world == 1:
+            return asked
+        import deepspeed.comm as dist
+        import torch
+
+        flag = torch.tensor([1.0 if asked else 0.0], device=self.engine.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
     def fit(self) -> int:
         self.preflight()
         self.load_data()
@@ -410,8 +426,14 @@ class Trainer:
             stats = self.train_step()
             loss = stats["loss"]
             self.report(stats, started, self.step - first_step)
-            if self.step % save_every == 0 or self.step == self.total:
+            saved = self.step % save_every == 0 or self.step == self.total
+            if saved:
                 final = self.save(loss)
+            if self.pause_asked():
+                if not saved:
+                    self.save(loss)
+                self.progress.emit("paused", step=self.step, total_steps=self.total)
+                return EXIT_PAUSED
         self.progress.emit("done", step=self.step, final_path=str(final),
                            peak_gpu_bytes=self.meter.peak_gpu_bytes(),
                            host_peak_rss_bytes=host_peak_rss_bytes())

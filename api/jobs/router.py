@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path as PathLib
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
@@ -31,8 +32,8 @@ from api.errors import (
     TooManyRequests,
     retry_after_header,
 )
-from api.jobs import idempotency, logs, service
-from api.jobs.deps import JobId, ValidJob
+from api.jobs import archive, idempotency, logs, service
+from api.jobs.deps import JobId, JobRef, ValidJob
 from api.jobs.schemas import (
     CheckpointList,
     EventList,
@@ -147,6 +148,26 @@ def cancel_job(job_id: JobId, session: SessionDep, user: CurrentUser, response: 
     return job
 
 
+@router.post("/{job_id}/pause", summary="Pause a job: checkpoint at the next step, free its GPUs",
+             responses={**_PROBLEMS, 202: {"description": "Pausing: the training checkpoints and ends"},
+                        403: {"description": "Not the owner nor an admin"},
+                        409: {"description": "Not running"}})
+def pause_job(job_id: JobId, session: SessionDep, user: CurrentUser, response: Response) -> JobRead:
+    job = service.pause_job(session, user, job_id)
+    response.status_code = 200 if job.status is JobStatus.PAUSED else 202
+    return job  # pausing: the worker moves it to paused once the checkpoint is saved
+
+
+@router.post("/{job_id}/resume", summary="Resume a paused job from its checkpoint",
+             responses={**_PROBLEMS, 403: {"description": "Not the owner nor an admin"},
+                        409: {"description": "Not paused"}})
+def resume_job(job_id: JobId, request: Request, session: SessionDep, user: CurrentUser) -> JobRead:
+    job = service.resume_job(session, user, job_id)
+    after_commit(session, partial(service.dispatch, request.app.state.enqueue, job.id, job.priority,
+                                  service.new_task_id()))
+    return job
+
+
 @router.patch("/{job_id}", summary="Change a job's priority (admin)", responses=_PROBLEMS)
 def update_job(job_id: JobId, body: JobUpdate, session: SessionDep, admin: AdminUser) -> JobRead:
     return service.set_priority(session, admin, job_id, body.priority)
@@ -189,6 +210,35 @@ def job_metrics(
 @router.get("/{job_id}/checkpoints", summary="Checkpoints of a job")
 def job_checkpoints(session: SessionDep, ref: ValidJob) -> CheckpointList:
     return service.list_checkpoints(session, ref.job.id)
+
+
+@router.get("/{job_id}/checkpoints/{step}/archive", summary="A checkpoint as .tar.gz (adapter or model)",
+            response_class=StreamingResponse, responses=_PROBLEMS)
+def checkpoint_archive(
+    session: SessionDep, ref: ValidJob, step: Annotated[int, Path(ge=0, le=2**31)],
+    with_state: Annotated[bool, Query(description="Include DeepSpeed's resume state (ds/).")] = False,
+) -> StreamingResponse:
+    return _archive(session, ref, step, with_state)
+
+
+@router.get("/{job_id}/adapter", summary="The final adapter (or model) as .tar.gz",
+            response_class=StreamingResponse, responses=_PROBLEMS)
+def final_archive(session: SessionDep, ref: ValidJob) -> StreamingResponse:
+    return _archive(session, ref, None, False)
+
+
+def _archive(session: Session, ref: JobRef, step: int | None, with_state: bool) -> StreamingResponse:
+    found = archive.find_checkpoint(session, ref.job.id, step)
+    name = f"{ref.job.id}-step-{found.step}"
+    body = archive.build(PathLib(found.path), name, with_state=with_state)
+
+    def chunks() -> Any:
+        with body:
+            while chunk := body.read(1 << 20):
+                yield chunk
+
+    return StreamingResponse(chunks(), media_type="application/gzip", headers={
+        "Content-Disposition": f'attachment; filename="{name}.tar.gz"', "X-Checkpoint-Step": str(found.step)})
 
 
 @router.get("/{job_id}/logs", summary="The training log (text); `tail` lines, `follow` as it grows",

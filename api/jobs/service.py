@@ -37,7 +37,14 @@ from api.jobs.schemas import (
     Progress,
 )
 from api.paths import confine
-from api.plans.service import check_storable, hardware_for, make_plan, refusal, resolve_model
+from api.plans.service import (
+    absorb_deepspeed_config,
+    check_storable,
+    hardware_for,
+    make_plan,
+    refusal,
+    resolve_model,
+)
 from planner import Plan
 from planner.spec import JobSpec
 from store.base import utcnow
@@ -268,6 +275,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     Returns the job and the Celery task id stored with it (to send under after the commit).
     """
     check_storable(spec)
+    spec = absorb_deepspeed_config(spec)
     _check_queue_limit(session, user, settings)
     spec = resolve_model(spec, settings, required=True)
     spec, dataset_id = _resolve_dataset(session, spec, settings, user)
@@ -279,7 +287,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     _check_gpu_limit(user, settings, plan.num_gpus)
     plan_json = plan.model_dump(mode="json")
     _check_nvme_paths(plan_json, spec, settings)
-    task_id = str(uuid.uuid4())
+    task_id = new_task_id()
     job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, status=JobStatus.QUEUED,
               priority=spec.priority, spec=spec.model_dump(mode="json"), plan=plan_json,
               dataset_id=dataset_id, num_gpus=plan.num_gpus, celery_task_id=task_id,
@@ -295,6 +303,11 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     # the id is taken from here: the session keeps a flushed object only weakly, so looking the
     # job up again later could cost a SELECT
     return job_read(job, user.name), task_id
+
+
+def new_task_id() -> str:
+    """The id of a run task, stored with the job before the task is sent under it."""
+    return str(uuid.uuid4())
 
 
 def dispatch(enqueue: Enqueue, job_id: str, priority: int, task_id: str) -> None:
@@ -318,7 +331,8 @@ def _audit(session: Session, job_id: str, user: Principal, action: str, **data: 
 
 
 def cancel_job(session: Session, user: Principal, job_id: str) -> tuple[JobRead, bool]:
-    """Queued → cancelled at once; starting/running/evaluating → cancelling (the worker ends it).
+    """Queued or paused → cancelled at once; starting/running/evaluating/pausing → cancelling (the
+    worker ends it).
 
     Returns the job and whether it is already cancelled. Retries when a worker moved the job between
     the read and the guarded update (a cancel racing a start).
@@ -333,7 +347,8 @@ def cancel_job(session: Session, user: Principal, job_id: str) -> tuple[JobRead,
                            errors=[FieldError("status", f"job is {status.value}")], job_status=status.value)
         if status is JobStatus.CANCELLING:
             return job_read(job, owner), False
-        target = JobStatus.CANCELLED if status is JobStatus.QUEUED else JobStatus.CANCELLING
+        idle = status in (JobStatus.QUEUED, JobStatus.PAUSED)  # no process to stop
+        target = JobStatus.CANCELLED if idle else JobStatus.CANCELLING
         try:
             transition(session, job_id, target, expected=status, actor=user.name,
                        message=f"cancel requested by {user.name}", cancel_requested_at=utcnow())
@@ -345,6 +360,55 @@ def cancel_job(session: Session, user: Principal, job_id: str) -> tuple[JobRead,
         session.refresh(job)
         return job_read(job, owner), target is JobStatus.CANCELLED
     raise Conflict(f"{job_id} keeps changing state; try again")
+
+
+def pause_job(session: Session, user: Principal, job_id: str) -> JobRead:
+    """Running → pausing: the training checkpoints at its next step boundary and ends, and the worker
+    frees its GPUs (→ paused). Pausing or paused again changes nothing; a job that is not training
+    (queued, starting, evaluating) has nothing to pause."""
+    job, owner = _own_job(session, user, job_id, "pause")
+    status = JobStatus(job.status)
+    if status in (JobStatus.PAUSING, JobStatus.PAUSED):
+        return job_read(job, owner)
+    if status is not JobStatus.RUNNING:
+        raise Conflict(f"{job_id} is {status.value}: only a running job can be paused",
+                       errors=[FieldError("status", f"job is {status.value}")], job_status=status.value)
+    try:
+        transition(session, job_id, JobStatus.PAUSING, expected=status, actor=user.name,
+                   message=f"pause requested by {user.name}")
+    except IllegalTransition as exc:
+        raise Conflict(f"{job_id} changed state meanwhile; try again") from exc
+    _audit(session, job_id, user, "pause", previous=status.value)
+    session.flush()
+    session.refresh(job)
+    return job_read(job, owner)
+
+
+def resume_job(session: Session, user: Principal, job_id: str) -> JobRead:
+    """Paused → queued: the next run continues from the newest checkpoint (same step, same data order).
+    The caller sends the run task after the commit."""
+    job, owner = _own_job(session, user, job_id, "resume")
+    status = JobStatus(job.status)
+    if status is not JobStatus.PAUSED:
+        raise Conflict(f"{job_id} is {status.value}: only a paused job can be resumed",
+                       errors=[FieldError("status", f"job is {status.value}")], job_status=status.value)
+    try:
+        transition(session, job_id, JobStatus.QUEUED, expected=status, actor=user.name,
+                   message=f"resumed by {user.name}", dispatch_checked_at=utcnow())
+    except IllegalTransition as exc:
+        raise Conflict(f"{job_id} changed state meanwhile; try again") from exc
+    _audit(session, job_id, user, "resume")
+    session.flush()
+    session.refresh(job)
+    return job_read(job, owner)
+
+
+def _own_job(session: Session, user: Principal, job_id: str, action: str) -> tuple[Job, str]:
+    """The job, if ``user`` may change it (its owner or an admin), as cancelling does."""
+    job, owner = load_job(session, job_id)
+    if job.owner_id != user.user_id and not user.is_admin:
+        raise Forbidden(f"only {owner} or an admin may {action} {job_id}")
+    return job, owner
 
 
 def set_priority(session: Session, user: Principal, job_id: str, priority: int) -> JobRead:

@@ -42,6 +42,19 @@ def check_storable(spec: JobSpec) -> None:
         raise InvalidInput.for_field(*found)
 
 
+def absorb_deepspeed_config(spec: JobSpec) -> JobSpec:
+    """A whole DeepSpeed config (the HF Trainer's form) in ``resources.deepspeed`` as the spec's fields."""
+    from planner import PlanError
+    from planner.hfdeepspeed import ConflictingFields, absorb
+
+    try:
+        return absorb(spec)
+    except ConflictingFields as exc:
+        raise InvalidInput(exc.message, errors=[FieldError(f, exc.message) for f in exc.fields]) from exc
+    except PlanError as exc:
+        raise InvalidInput.for_field(exc.field, exc.message) from exc
+
+
 def hardware_for(spec: JobSpec, session: Session, settings: Settings) -> HardwareSpec:
     """``spec.hardware`` (what-if planning) or this box's GPUs and host memory."""
     if spec.hardware is not None:

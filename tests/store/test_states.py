@@ -85,7 +85,6 @@ def test_the_active_states_are_those_with_a_process() -> None:
     assert not active & DESIGN_TERMINAL and "queued" not in active
 
 
-@pytest.mark.xfail(strict=True, reason="pause/resume (pausing, paused) is not in the store yet")
 def test_the_store_knows_every_state_of_the_design() -> None:
     assert set(STORE_STATES) == set(DESIGN_STATES)
 

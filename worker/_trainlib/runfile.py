@@ -31,10 +31,15 @@ EXIT_USER_ERROR = 2
 EXIT_CUDA_OOM = 3
 EXIT_HOST_OOM = 4
 EXIT_DISK_FULL = 5
+EXIT_PAUSED = 6
 EXIT_TERMINATED = 143
 
 USER_ERROR = "user_error"
 ERROR = "error"
+
+
+#: the worker creates this file in the job folder to ask the training to pause at its next step boundary
+PAUSE_FILE = "pause.request"
 
 
 class JobFailure(Exception):
