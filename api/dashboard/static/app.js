@@ -4,8 +4,8 @@
 const TOKEN_KEY = "tunebox.token";
 const REFRESH_MS = 5000;
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-const ACTIVE = ["starting", "running", "evaluating", "cancelling"];
-const STATUSES = ["queued", ...ACTIVE, "succeeded", "failed", "cancelled"];
+const ACTIVE = ["starting", "running", "evaluating", "pausing", "cancelling"];
+const STATUSES = ["queued", ...ACTIVE, "paused", "succeeded", "failed", "cancelled"];
 const COLORS = {
   train: "#2563eb", eval: "#d97706", lr: "#7c3aed", tps: "#0d9488", measured: "#2563eb",
   peak: "#dc2626", capacity: "#111827",
@@ -463,7 +463,7 @@ function actionButtons(job, reload) {
     try { await api("/v1/jobs/" + job.id + "/" + verb, { method: "POST" }); await reload(); showError(null); }
     catch (err) { showError(err); e.target.disabled = false; }
   } }, label);
-  return [job.can_pause === true && act("pause", "Pause"), job.can_resume === true && act("resume", "Resume"),
+  return [job.status === "running" && act("pause", "Pause"), job.status === "paused" && act("resume", "Resume"),
     !TERMINAL.has(job.status) && job.status !== "cancelling" && act("cancel", "Cancel", "danger")].filter(Boolean);
 }
 
