@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,24 +11,14 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from api.app import create_app
 from store.db import session_scope
 from store.models import ApiToken, Job
 from store.states import JobStatus, transition
-from tests.api.conftest import BOX, Env, job_spec, serve_in_thread
+from tests.api.conftest import BOX, Env, job_spec
 from tunebox.cli import main, progress_line
 from tunebox.client import Client
 
 S = JobStatus
-
-
-@pytest.fixture
-def server(pg_env: Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
-    app = create_app(pg_env.settings, enqueue=pg_env.enqueued, token_cache_ttl_s=0)
-    with serve_in_thread(app) as url:
-        monkeypatch.setenv("TUNEBOX_URL", url)
-        monkeypatch.setenv("TUNEBOX_TOKEN", pg_env.tokens["alice"])
-        yield pg_env
 
 
 def _spec_file(tmp_path: Path, **overrides: object) -> str:

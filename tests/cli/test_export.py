@@ -5,27 +5,16 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from api.app import create_app
 from store.db import session_scope
 from store.ids import new_id
 from store.models import Checkpoint
-from tests.api.conftest import Env, serve_in_thread
+from tests.api.conftest import Env
 from tests.tinymodel import build_tiny_model
 from tunebox.cli import main
-
-
-@pytest.fixture
-def server(pg_env: Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
-    app = create_app(pg_env.settings, enqueue=pg_env.enqueued, token_cache_ttl_s=0)
-    with serve_in_thread(app) as url:
-        monkeypatch.setenv("TUNEBOX_URL", url)
-        monkeypatch.setenv("TUNEBOX_TOKEN", pg_env.tokens["alice"])
-        yield pg_env
 
 
 @pytest.fixture(scope="module")

@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from api.app import create_app
 from store.db import session_scope
 from store.models import Job
-from tests.api.conftest import Env, serve_in_thread
+from tests.api.conftest import Env
 from tunebox.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "llamafactory"
-
-
-@pytest.fixture
-def server(pg_env: Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
-    app = create_app(pg_env.settings, enqueue=pg_env.enqueued, token_cache_ttl_s=0)
-    with serve_in_thread(app) as url:
-        monkeypatch.setenv("TUNEBOX_URL", url)
-        monkeypatch.setenv("TUNEBOX_TOKEN", pg_env.tokens["alice"])
-        yield pg_env
 
 
 def _config(tmp_path: Path, roots: tuple[Path, Path], **changes: object) -> str:

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from api.app import create_app
 from store.db import session_scope
 from store.states import JobStatus as S
 from store.states import transition
-from tests.api.conftest import Env, serve_in_thread
+from tests.api.conftest import Env
 from tunebox.cli import main
-
-
-@pytest.fixture
-def server(pg_env: Env, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
-    app = create_app(pg_env.settings, enqueue=pg_env.enqueued, token_cache_ttl_s=0)
-    with serve_in_thread(app) as url:
-        monkeypatch.setenv("TUNEBOX_URL", url)
-        monkeypatch.setenv("TUNEBOX_TOKEN", pg_env.tokens["alice"])
-        yield pg_env
 
 
 def _moves(url: str, job_id: str, *targets: S) -> None:

@@ -53,3 +53,12 @@ def test_a_3b_full_fine_tune_on_a_nearly_full_disk_is_refused_before_it_runs() -
     assert "GiB on disk" in err.value.message and "40.0 GiB free" in err.value.message
     fits = plan(spec("full", 1000, 200, 2, 200))
     assert fits.disk.fits and fits.disk.free_bytes == 200 * GIB
+
+
+def test_a_job_the_gpus_refuse_keeps_its_alternatives_and_warns_of_the_disk() -> None:
+    s = spec("full", 1000, 200, 2, 40)
+    s["hardware"]["gpu_memory_bytes"] = 8 * GIB  # a 3B full fine-tune does not fit an 8 GiB card
+    p = plan(s)
+    assert not p.fits and p.alternatives
+    assert not p.disk.fits
+    assert any(w.code == "insufficient_disk" and w.field == "training.save_total_limit" for w in p.warnings)
