@@ -37,7 +37,7 @@ def _tiny_case(name: str, config: dict[str, Any]) -> dict[str, Any]:
 
 def _harness(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
-    env.setdefault("TORCH_EXTENSIONS_DIR", "/work/.torch_ext" if Path("/work").is_dir() else str(tmp / "ext"))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
     return subprocess.run([sys.executable, "-m", "bench.measure", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 

@@ -16,7 +16,7 @@ from tests.tinydata import write_dataset
 from tests.tinymodel import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
-TORCH_EXT = os.environ.get("TORCH_EXTENSIONS_DIR", "/work/.torch_ext")
+TORCH_EXT = os.environ.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
 
 @pytest.fixture(scope="session")
