@@ -55,8 +55,10 @@ def test_a_run_reports_its_rows_and_tokens_packed_and_unpacked(tmp_path: Path, t
     assert data["dropped"] == {"no_answer_within_seq_len": 3} and data["dropped_row_numbers"] == [41, 42, 43]
     assert data["tokens_per_row"]["max"] > 64 and data["truncated_rows"] == 0
     assert 0 < data["trained_tokens"] < data["tokens"] and packed["train_rows"] == 40
-    # 40 rows of ~20 tokens in rows of 64: several examples a row
-    assert packed["packed_rows"] <= data["tokens"] // 64 + 2 and unpacked["packed_rows"] is None
+    # 40 rows of 20-30 tokens in rows of 64: more than one example a row, and never two rows each
+    # less than half full (what first-fit packing guarantees: under twice the fewest rows possible)
+    assert packed["packed_rows"] < 40 and packed["packed_rows"] <= 2 * (data["tokens"] // 64 + 1)
+    assert unpacked["packed_rows"] is None
 
 
 def test_tunebox_dataset_inspect_reports_what_training_would_make_of_a_file(
