@@ -55,7 +55,9 @@ def spec_of(mode: Mode, model: Path, data: Path) -> dict[str, Any]:
                      "lr_scheduler": "constant", "warmup_ratio": 0.0, "micro_batch_size": mode.mbs,
                      "gradient_accumulation_steps": mode.ga, "seq_len": 64, "gradient_checkpointing": False,
                      "precision": mode.precision, "optimizer": mode.optimizer, "save_steps": mode.steps,
-                     "seed": 7},
+                     # one example a row: the compared batch shapes then see the same rows in the same
+                     # order (packed rows' number follows the lengths and need not divide into them)
+                     "packing": False, "seed": 7},
         "resources": {"num_gpus": mode.cards, "zero_stage": mode.stage, "offload_optimizer": mode.offload,
                       "offload_param": "none"},
         "eval": {"when": mode.eval, "max_new_tokens": 4, "batch_size": 2, "num_samples": 1},

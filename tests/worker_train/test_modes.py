@@ -47,7 +47,7 @@ SAME_STEP_ATOL = 2e-3
 MODES = [
     Mode(0, "fp32", "adamw", "full", 5e-3),
     Mode(1, "bf16", "lion", "lora", 3e-3),
-    Mode(2, "bf16", "sgd", "full", 0.5),
+    Mode(2, "bf16", "sgd", "full", 0.2),
     Mode(3, "bf16", "adamw", "lora", 2e-2),
 ]
 REFERENCE = Mode(2, "fp32", "sgd", "full", 0.15)

@@ -51,7 +51,8 @@ def test_two_jobs_share_one_card_through_the_threads_pool(db_url: str, redis_url
     try:
         plans, ids = {}, []
         for lr in (5e-3, 2e-3):  # two different jobs, each planned alone for the one card
-            spec = spec_of(Mode(2, "fp32", "adamw", "lora", lr, steps=8), tiny_model, data)
+            # long enough that the two runs' steps overlap on any box (8 steps took 0.5 s)
+            spec = spec_of(Mode(2, "fp32", "adamw", "lora", lr, steps=60), tiny_model, data)
             row = planned.planned_job(spec, 1)
             with session_scope(url) as s:
                 job_id = make_job(s, make_user(s), spec=spec, plan=row.plan,
