@@ -33,7 +33,16 @@ from typing import Any
 
 import httpx
 
-from bench.service_gpu import REPO, WORDS, build_model, free_port, progress_lines, tunebox, wait_ready
+from bench.service_gpu import (
+    REPO,
+    WORDS,
+    build_model,
+    free_port,
+    progress_lines,
+    stop_serve,
+    tunebox,
+    wait_ready,
+)
 
 GIB = 2**30
 MEDIAN_TOKENS, SIGMA, MIN_TOKENS, MAX_TOKENS = 150, 1.0, 16, 1500
@@ -207,12 +216,6 @@ def run_jobs(
     return out
 
 
-def stop(proc: Any) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def phase_packing(work: Path, data: Path, steps: int, device: str, timeout: float) -> dict[str, Any]:
@@ -230,7 +233,7 @@ def phase_packing(work: Path, data: Path, steps: int, device: str, timeout: floa
             timeout,
         )
     finally:
-        stop(proc)
+        stop_serve(proc)
     packed, unpacked = jobs.get("packed", {}), jobs.get("unpacked", {})
     rate = (packed.get("real_tokens_per_second") or 0) / (unpacked.get("real_tokens_per_second") or math.inf)
     return {
@@ -252,7 +255,7 @@ def phase_chunked(work: Path, data: Path, steps: int, device: str, timeout: floa
         planned_full = client.post("/v1/plans", json=full).json()
         jobs = run_jobs(client, data_dir, [chunked], timeout)
     finally:
-        stop(proc)
+        stop_serve(proc)
     return {
         "model": "llama-3.1-8b",
         "card_limit_bytes": 24 * GIB,

@@ -33,6 +33,7 @@ from bench.service_gpu import (
     free_port,
     progress_lines,
     steady_tokens_per_second,
+    stop_serve,
     tunebox,
     wait_ready,
 )
@@ -349,11 +350,7 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
             out["jobs"][n].update(_result(client, jid, data_dir))
     finally:
         out["seconds"] = round(time.monotonic() - started, 1)
-        serve.terminate()
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        stop_serve(serve)
     return out
 
 

@@ -46,6 +46,7 @@ from bench.service_gpu import (
     collect,
     free_port,
     job_spec,
+    stop_serve,
     tunebox,
     wait_jobs,
     wait_ready,
@@ -203,11 +204,7 @@ def main() -> int:
             report[name]["nvme_over_cpu_tokens_per_second"] = round(nvme / cpu, 4) if nvme and cpu else None
         report["gpus"] = client.get("/v1/gpus").json()
     finally:
-        serve.terminate()
-        try:
-            serve.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        stop_serve(serve)
     report["total_seconds"] = round(time.monotonic() - t0, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1, default=str))

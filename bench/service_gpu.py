@@ -66,6 +66,15 @@ TINY = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_si
         "vocab_size": 512, "max_position_embeddings": 4096, "tie_word_embeddings": True}
 
 
+def stop_serve(proc: Any, timeout: float = 60) -> None:
+    """Stop a ``tunebox serve`` process: SIGTERM (its worker stops its runs), then SIGKILL."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def build_model(name: str, dest: Path, device: str) -> Path:
     """A random-init model of ``name``'s published architecture, saved in bf16 like a real one
     (kept where an earlier run on this machine saved it)."""
@@ -300,11 +309,7 @@ def main() -> int:
             report[key].update(collect(client, jobs[jid], data_dir))
         report["gpus"] = client.get("/v1/gpus").json()
     finally:
-        serve.terminate()
-        try:
-            serve.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        stop_serve(serve)
     report["service_seconds"] = round(time.monotonic() - t0, 1)
     args.out.write_text(json.dumps(report, indent=1, default=str))  # kept if the hand runs do not finish
 
