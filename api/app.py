@@ -23,7 +23,7 @@ from api.jobs.router import router as jobs_router
 from api.jobs.service import Enqueue
 from api.jobs.stream import StreamTiming
 from api.me.router import router as me_router
-from api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from api.middleware import BodyLimitMiddleware, MetricsMiddleware, NulRefusalMiddleware
 from api.openai import files_router, fine_tuning_router
 from api.ops.metrics import ApiMetrics, CalibrationCollector, calibration_reader
 from api.ops.router import router as ops_router
@@ -99,6 +99,7 @@ def create_app(
     app.include_router(files_router)
     app.include_router(fine_tuning_router)
     # added last = outermost: the limit applies before anything reads the body
+    app.add_middleware(NulRefusalMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app

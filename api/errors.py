@@ -135,9 +135,13 @@ def problem_body(
     return body
 
 
+def problem_body_of(error: ApiError, *, instance: str) -> dict[str, Any]:
+    return problem_body(status=error.status, slug=error.slug, title=error.title, detail=error.detail,
+                        instance=instance, errors=error.errors, extensions=error.extensions)
+
+
 def problem_response(request: Request, error: ApiError) -> JSONResponse:
-    body = problem_body(status=error.status, slug=error.slug, title=error.title, detail=error.detail,
-                        instance=request.url.path, errors=error.errors, extensions=error.extensions)
+    body = problem_body_of(error, instance=request.url.path)
     return JSONResponse(body, status_code=error.status, headers=error.headers,
                         media_type=PROBLEM_MEDIA_TYPE)
 

@@ -1,15 +1,17 @@
-"""Pure ASGI middleware: the request-body limit and the Prometheus request metrics."""
+"""Pure ASGI middleware: the request-body limit, the NUL refusal and the Prometheus request metrics."""
 
 from __future__ import annotations
 
 import json
 import time
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import PROBLEM_MEDIA_TYPE, problem_body
+from api.errors import PROBLEM_MEDIA_TYPE, InvalidInput, problem_body, problem_body_of
+from api.openai.errors import OPENAI_PREFIXES, error_body
 
 if TYPE_CHECKING:
     from api.ops.metrics import ApiMetrics
@@ -96,6 +98,53 @@ async def _send_problem(send: Send, body: dict[str, object], headers: list[tuple
                             (b"content-length", str(len(raw)).encode()), (b"connection", b"close"),
                             *headers]})
     await send({"type": "http.response.body", "body": raw})
+
+
+class NulRefusalMiddleware:
+    """Refuses with 422 a request whose path or query carries a NUL character, on every route.
+
+    No stored text can hold one (Postgres refuses it in text fields), and a query parameter reaches
+    the database as a bound value, so the refusal belongs before any route runs. The body is the
+    route's own error shape: OpenAI's on the OpenAI-compatible routes, problem+json elsewhere.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            field = _nul_field(scope)
+            if field is not None:
+                await _send_nul_refusal(scope, send, field)
+                return
+        await self.app(scope, receive, send)
+
+
+def _nul_field(scope: Scope) -> str | None:
+    """The first place a NUL sits in the request line: ``path`` or the query parameter's name."""
+    if "\x00" in scope.get("path", ""):
+        return "path"
+    raw = bytes(scope.get("query_string", b""))
+    if b"\x00" not in raw and b"%00" not in raw:
+        return None
+    for name, value in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):
+        if "\x00" in name or "\x00" in value:
+            return name.replace("\x00", "").strip() or "query"
+    return None
+
+
+async def _send_nul_refusal(scope: Scope, send: Send, field: str) -> None:
+    error = InvalidInput.for_field(field, "contains a NUL character")
+    path = str(scope.get("path", ""))
+    if path.startswith(OPENAI_PREFIXES):
+        status, body = error_body(error)
+        raw = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(raw)).encode())]})
+        await send({"type": "http.response.body", "body": raw})
+        return
+    await _send_problem(send, problem_body_of(error, instance=path.replace("\x00", "")), [])
 
 
 class MetricsMiddleware:

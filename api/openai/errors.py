@@ -19,6 +19,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.errors import ApiError, PlanDoesNotFit, _from_validation
 
+#: the paths the OpenAI-compatible routes live under (their errors use OpenAI's body)
+OPENAI_PREFIXES = ("/v1/files", "/v1/fine_tuning")
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",

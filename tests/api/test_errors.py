@@ -120,3 +120,40 @@ def test_values_storage_cannot_hold_are_4xx_not_500(env: Env, raw: bytes, field:
 def test_nul_and_odd_path_or_query_values_are_422(env: Env, url: str) -> None:
     res = env.client.get(url, headers=env.auth())
     assert res.status_code in (404, 422) and res.headers["content-type"] == "application/problem+json"
+
+
+def _query_parameters(env: Env) -> list[tuple[str, str, str]]:
+    """(method, path, parameter) for every query parameter the API documents, path ones filled in."""
+    out = []
+    for path, operations in env.client.get("/openapi.json").json()["paths"].items():
+        for method, operation in operations.items():
+            if method not in ("get", "delete"):
+                continue
+            concrete = path
+            for param in operation.get("parameters", []):
+                if param["in"] == "path":
+                    concrete = concrete.replace("{" + param["name"] + "}", "x1")
+            out += [(method, concrete, p["name"]) for p in operation.get("parameters", [])
+                    if p["in"] == "query"]
+    return out
+
+
+def test_a_nul_in_any_query_parameter_is_refused_naming_it(env: Env) -> None:
+    checked = _query_parameters(env)
+    assert len(checked) >= 10  # the API documents that many; a schema change that hides them fails here
+    for method, path, name in checked:
+        res = env.client.request(method.upper(), f"{path}?{name}=a%00b", headers=env.auth())
+        if path.startswith(("/v1/files", "/v1/fine_tuning")):
+            assert res.status_code == 400, (path, name, res.text)
+            assert res.json()["error"]["param"] == f"tunebox.{name}", res.text
+        else:
+            body = _problem(res, 422)
+            assert body["errors"] == [{"field": name, "message": "contains a NUL character"}], path
+    assert env.count(Job) == 0
+
+
+def test_a_nul_in_the_path_is_refused_before_any_route(env: Env) -> None:
+    body = _problem(env.client.get("/v1/calibration%00", headers=env.auth()), 422)
+    assert body["errors"][0]["field"] == "path" and "\x00" not in body["instance"]
+    res = env.client.get("/v1/files/file%00x", headers=env.auth())
+    assert res.status_code == 400 and res.json()["error"]["message"] == "path: contains a NUL character"
