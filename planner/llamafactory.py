@@ -43,6 +43,7 @@ _READ = frozenset(
         "deepspeed",
         "dataset",
         "dataset_dir",
+        "eval_dataset",
         "stage",
         "do_train",
         "bf16",
@@ -72,7 +73,6 @@ _NOT_TAKEN = {
     "eval_strategy": "set eval.when in the spec",
     "eval_steps": "set eval.every_steps in the spec",
     "per_device_eval_batch_size": "set eval.batch_size in the spec",
-    "eval_dataset": "the held-out rows are dataset.eval_fraction of the training file",
 }
 _SCHEDULERS = {
     "cosine": "cosine",
@@ -126,13 +126,15 @@ def _targets(value: Any) -> list[str]:
     return ["all-linear" if name == "all" else str(name) for name in names]
 
 
-def _dataset(config: Mapping[str, Any], info: Mapping[str, Any] | None) -> dict[str, Any]:
-    names = [n.strip() for n in str(config.get("dataset", "")).split(",") if n.strip()]
+def _dataset(config: Mapping[str, Any], info: Mapping[str, Any] | None, key: str = "dataset"
+             ) -> dict[str, Any]:
+    """The data source that ``config[key]`` (``dataset`` or ``eval_dataset``) names."""
+    names = [n.strip() for n in str(config.get(key, "")).split(",") if n.strip()]
     if len(names) != 1:
         raise PlanError(
-            "dataset",
-            f"tunebox trains on one dataset file; {len(names)} named ({names}): "
-            "merge them into one file first",
+            key,
+            f"tunebox {'trains' if key == 'dataset' else 'evaluates'} on one dataset file; "
+            f"{len(names)} named ({names}): merge them into one file first",
         )
     folder = str(config.get("dataset_dir", "data")).rstrip("/")
     entry = (info or {}).get(names[0])
@@ -190,6 +192,8 @@ def convert(
         "method": method,
         "dataset": _dataset(config, dataset_info),
     }
+    if config.get("eval_dataset"):
+        spec["eval"] = {"dataset": _dataset(config, dataset_info, "eval_dataset")}
     for key, path in _DIRECT.items():
         if key in config and config[key] is not None:
             _put(spec, path, config[key])

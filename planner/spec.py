@@ -81,28 +81,36 @@ class ModelRef(_Strict):
         return self
 
 
-class DatasetRef(_Strict):
+class DataSource(_Strict):
+    """Where rows come from: exactly one of ``path`` (a file or a LLaMA-Factory folder) or ``id``."""
+
     path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     id: Annotated[str, Field(pattern=r"^ds_[A-Za-z0-9]{1,64}$")] | None = None
     format: DatasetFormat = DatasetFormat.AUTO
     name: Annotated[str, Field(min_length=1, max_length=256,
                                description="the entry of a LLaMA-Factory dataset_info.json at path")
                     ] | None = None
-    eval_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
-    #: refuse the job when more than this share of its training rows has no answer token within seq_len
-    max_dropped_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
     num_rows: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
-    #: tokens of all rows after truncation to seq_len (``tunebox dataset inspect`` reports it): packed
-    #: training takes this many tokens per epoch in rows of seq_len
-    num_tokens: Annotated[int, Field(ge=1, le=10**13)] | None = None
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> DatasetRef:
+    def _exactly_one(self) -> DataSource:
         if (self.path is None) == (self.id is None):
             raise ValueError("dataset needs exactly one of path, id")
         if self.name is not None and self.path is None:
             raise ValueError("dataset.name picks an entry of a dataset_info.json: it needs dataset.path")
         return self
+
+
+class DatasetRef(DataSource):
+    """The training rows; ``eval_fraction`` of them are held out for evaluation unless ``eval.dataset``
+    names the evaluation rows."""
+
+    eval_fraction: Annotated[float, Field(ge=0.0, le=0.5)] = 0.05
+    #: refuse the job when more than this share of its training rows has no answer token within seq_len
+    max_dropped_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
+    #: tokens of all rows after truncation to seq_len (``tunebox dataset inspect`` reports it): packed
+    #: training takes this many tokens per epoch in rows of seq_len
+    num_tokens: Annotated[int, Field(ge=1, le=10**13)] | None = None
 
 
 class LoraSpec(_Strict):
@@ -202,6 +210,8 @@ class EvalSpec(_Strict):
     max_new_tokens: Annotated[int, Field(ge=0, le=32768)] = 64
     batch_size: Annotated[int, Field(ge=1, le=1024)] = 1
     num_samples: Annotated[int, Field(ge=0, le=1000)] = 4
+    #: the evaluation rows, all of them; without it they are ``dataset.eval_fraction`` of the training file
+    dataset: DataSource | None = None
 
     @model_validator(mode="after")
     def _steps_need_interval(self) -> EvalSpec:
@@ -235,4 +245,17 @@ class JobSpec(_Strict):
     def _length_given(self) -> JobSpec:
         if self.training.epochs is None and self.training.max_steps is None:
             raise ValueError("training needs epochs or max_steps")
+        return self
+
+    @model_validator(mode="after")
+    def _one_source_of_eval_rows(self) -> JobSpec:
+        """With ``eval.dataset`` every training row trains: ``dataset.eval_fraction`` becomes 0, and
+        setting both is a contradiction."""
+        ds = self.dataset
+        if self.eval.dataset is None or ds is None or ds.eval_fraction == 0:
+            return self
+        if "eval_fraction" in ds.model_fields_set:
+            raise ValueError("dataset.eval_fraction and eval.dataset both choose the evaluation rows: "
+                             "give one")
+        self.dataset = ds.model_copy(update={"eval_fraction": 0.0})
         return self

@@ -98,6 +98,8 @@ class Job(Base):
     # what the trainer made of the dataset: rows and tokens trained, rows truncated and dropped
     data_report: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     dataset_id: Mapped[str | None] = mapped_column(ForeignKey("datasets.id"))
+    # the evaluation rows' dataset, when the spec names one (eval.dataset.id)
+    eval_dataset_id: Mapped[str | None] = mapped_column(ForeignKey("datasets.id"))
     num_gpus: Mapped[int] = mapped_column(Integer, default=1)
     planned_peak_gpu_bytes: Mapped[int | None] = mapped_column(BigInteger)
     planned_host_bytes: Mapped[int | None] = mapped_column(BigInteger)

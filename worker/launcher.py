@@ -144,6 +144,8 @@ def build_run_file(session: Session, job: Job, grant: Grant, settings: Settings)
         "spec": job.spec,
         "model_path": _abs((job.spec.get("model") or {}).get("path") or ""),
         "dataset_path": _abs(_dataset_path(session, job)),
+        "eval_dataset_path": _abs(_source_path(session, (job.spec.get("eval") or {}).get("dataset"),
+                                               job.eval_dataset_id)),
         "resolved": {k: resolved.get(k) for k in RESOLVED_KEYS},
         "deepspeed_config": plan.get("deepspeed_config") or {},
         "device": device_of(grant),
@@ -177,12 +179,17 @@ def gpu_memory_limit(plan: dict[str, Any], grant: Grant, settings: Settings) -> 
 
 
 def _dataset_path(session: Session, job: Job) -> str:
-    dataset = job.spec.get("dataset") or {}
-    if dataset.get("path"):
-        return str(dataset["path"])
+    return _source_path(session, job.spec.get("dataset"), job.dataset_id)
+
+
+def _source_path(session: Session, source: dict[str, Any] | None, stored_id: str | None) -> str:
+    """The file a spec's data source names: its path, or the stored dataset's ("" for none)."""
+    source = source or {}
+    if source.get("path"):
+        return str(source["path"])
     from store.models import Dataset
 
-    ds_id = job.dataset_id or dataset.get("id")
+    ds_id = stored_id or source.get("id")
     row = session.get(Dataset, ds_id) if ds_id else None
     return row.path if row is not None else ""
 

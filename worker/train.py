@@ -168,8 +168,11 @@ class Trainer:
             raise JobFailure(USER_ERROR, "bad_dataset", str(exc)) from exc
         fraction = self.spec.dataset.eval_fraction if self.spec.dataset else 0.0
         train_rows, eval_rows = split_rows(rows, fraction, self.spec.training.seed)
+        eval_format = fmt
+        if self.spec.eval.dataset is not None:
+            eval_format, eval_rows = self._eval_dataset_rows()
         if self.is_rank0:
-            write_eval_split(self.run.eval_split_path, eval_rows, fmt)
+            write_eval_split(self.run.eval_split_path, eval_rows, eval_format)
         self.examples: list[Example]
         self.examples, self.data_report = encode_report(self.tokenizer, train_rows, fmt,
                                                         self.spec.training.seq_len)
@@ -185,6 +188,20 @@ class Trainer:
         # packed: the rows of the data order are packed rows of whole examples, fixed for the run
         self.packed: list[Packed] | None = (pack(self.examples, self.spec.training.seq_len)
                                             if self.spec.training.packing else None)
+
+    def _eval_dataset_rows(self) -> tuple[Any, list[Any]]:
+        """The format and every row of ``eval.dataset`` (the evaluator renders each row by its format)."""
+        from tunebox.datasets import DatasetError, load_records
+
+        source = self.spec.eval.dataset
+        assert source is not None
+        if self.run.eval_dataset_path is None:
+            raise JobFailure(USER_ERROR, "bad_dataset", "eval.dataset: training needs its path or id")
+        try:
+            fmt, rows = load_records(self.run.eval_dataset_path, source.format.value, source.name)
+        except DatasetError as exc:
+            raise JobFailure(USER_ERROR, "bad_dataset", f"eval.dataset: {exc}") from exc
+        return fmt, list(rows)
 
     def build_engine(self) -> None:
         from worker._trainlib.extlocks import start_sweeper

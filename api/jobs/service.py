@@ -6,7 +6,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, defer
@@ -46,7 +46,7 @@ from api.plans.service import (
     resolve_model,
 )
 from planner import Plan
-from planner.spec import JobSpec
+from planner.spec import DataSource, JobSpec
 from store.base import utcnow
 from store.ids import new_id
 from store.models import Checkpoint, Dataset, Job, JobEvent, MetricPoint, User
@@ -150,36 +150,50 @@ def _check_queue_limit(session: Session, user: Principal, settings: Settings) ->
                               errors=[FieldError("owner", f"queued jobs limit {limit} reached")])
 
 
+S = TypeVar("S", bound=DataSource)
+
+
 def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: Principal
-                     ) -> tuple[JobSpec, str | None]:
-    ds = spec.dataset
-    if ds is None:
+                     ) -> tuple[JobSpec, str | None, str | None]:
+    """The spec with its training (and evaluation) data resolved, and the ids of the datasets used."""
+    if spec.dataset is None:
         raise InvalidInput.for_field("dataset", "a job needs a dataset (dataset.path or dataset.id)")
+    ds, dataset_id = _resolve_source(session, spec.dataset, settings, user, "dataset")
+    update: dict[str, Any] = {"dataset": ds}
+    eval_id = None
+    if spec.eval.dataset is not None:
+        source, eval_id = _resolve_source(session, spec.eval.dataset, settings, user, "eval.dataset")
+        update["eval"] = spec.eval.model_copy(update={"dataset": source})
+    return spec.model_copy(update=update), dataset_id, eval_id
+
+
+def _resolve_source(session: Session, ds: S, settings: Settings, user: Principal, field: str
+                    ) -> tuple[S, str | None]:
+    """A data source with its path confined to the dataset roots (or its id visible to the user) and
+    its rows counted; the id of the stored dataset it names."""
     if ds.id is not None:
         row = session.get(Dataset, ds.id)
         if row is None or not may_use_dataset(user, row.owner_id, row.shared, settings):  # as if unknown
-            raise InvalidInput.for_field("dataset.id", f"no dataset {ds.id}")
-        update = {"num_rows": ds.num_rows or row.num_rows}
-        return spec.model_copy(update={"dataset": ds.model_copy(update=update)}), row.id
+            raise InvalidInput.for_field(f"{field}.id", f"no dataset {ds.id}")
+        return ds.model_copy(update={"num_rows": ds.num_rows or row.num_rows}), row.id
     assert ds.path is not None
-    real = confine(ds.path, settings.dataset_roots, "dataset.path")
+    real = confine(ds.path, settings.dataset_roots, f"{field}.path")
     if not real.is_file():
-        raise InvalidInput.for_field("dataset.path", f"{ds.path} is not a file")
-    num_rows = ds.num_rows or _count_rows(real, ds.format.value, settings, ds.name)
-    new_ds = ds.model_copy(update={"path": str(real), "num_rows": num_rows})
-    return spec.model_copy(update={"dataset": new_ds}), None
+        raise InvalidInput.for_field(f"{field}.path", f"{ds.path} is not a file")
+    num_rows = ds.num_rows or _count_rows(real, ds.format.value, settings, ds.name, field)
+    return ds.model_copy(update={"path": str(real), "num_rows": num_rows}), None
 
 
-def _count_rows(path: Path, declared: str, settings: Settings, name: str | None = None) -> int:
+def _count_rows(path: Path, declared: str, settings: Settings, name: str | None, field: str) -> int:
     from tunebox.datasets import DatasetError, inspect_dataset, resolve_source
 
     try:
         if name is not None:  # a dataset_info.json entry's file must lie under the roots too
-            confine(str(resolve_source(path, declared, name).path), settings.dataset_roots, "dataset.name")
+            confine(str(resolve_source(path, declared, name).path), settings.dataset_roots, f"{field}.name")
         info = inspect_dataset(path, declared, max_rows=settings.max_dataset_rows, max_bytes=2**40, name=name)
     except DatasetError as exc:
-        field = "dataset" if exc.field.startswith("dataset") else f"dataset.rows[{exc.row}].{exc.field}"
-        raise InvalidInput(str(exc), errors=[FieldError(field, exc.message, row=exc.row)]) from exc
+        where = field if exc.field.startswith("dataset") else f"{field}.rows[{exc.row}].{exc.field}"
+        raise InvalidInput(str(exc), errors=[FieldError(where, exc.message, row=exc.row)]) from exc
     return info.num_rows
 
 
@@ -278,7 +292,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     spec = absorb_deepspeed_config(spec)
     _check_queue_limit(session, user, settings)
     spec = resolve_model(spec, settings, required=True)
-    spec, dataset_id = _resolve_dataset(session, spec, settings, user)
+    spec, dataset_id, eval_dataset_id = _resolve_dataset(session, spec, settings, user)
     spec = _box_nvme_folder(spec, settings)
     plan = make_plan(spec, hardware_for(spec, session, settings))
     _refuse_beyond_context(plan)
@@ -290,7 +304,8 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     task_id = new_task_id()
     job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, status=JobStatus.QUEUED,
               priority=spec.priority, spec=spec.model_dump(mode="json"), plan=plan_json,
-              dataset_id=dataset_id, num_gpus=plan.num_gpus, celery_task_id=task_id,
+              dataset_id=dataset_id, eval_dataset_id=eval_dataset_id, num_gpus=plan.num_gpus,
+              celery_task_id=task_id,
               planned_peak_gpu_bytes=leased_gpu_bytes(plan_json, spec),
               planned_host_bytes=plan_json["host"]["total_bytes"])
     session.add(job)

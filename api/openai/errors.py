@@ -41,6 +41,8 @@ PARAMS = {
     "model": "model",
     "dataset.id": "training_file",
     "dataset": "training_file",
+    "eval.dataset.id": "validation_file",
+    "eval.dataset": "validation_file",
     "training.epochs": "hyperparameters.n_epochs",
     "training.learning_rate": "hyperparameters.learning_rate_multiplier",
     "training.micro_batch_size": "hyperparameters.batch_size",

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -172,11 +172,16 @@ def delete_file(
     row = owned_dataset(session, settings, user, file_id)
     if row.owner_id != user.user_id and not user.is_admin:
         raise OpenAIError(403, f"only the owner of {file_id} or an admin may delete it", param="id")
-    used = session.scalar(select(Job.id).where(Job.dataset_id == file_id).order_by(Job.id.desc()).limit(1))
+    used = session.execute(
+        select(Job.id, Job.dataset_id == file_id)
+        .where(or_(Job.dataset_id == file_id, Job.eval_dataset_id == file_id))
+        .order_by(Job.id.desc()).limit(1)
+    ).first()
     if used is not None:
+        role = "training" if used[1] else "validation"
         raise OpenAIError(
             400,
-            f"{file_id} is the training file of {used}; a job's data is kept with it",
+            f"{file_id} is the {role} file of {used[0]}; a job's data is kept with it",
             param="id",
             code="file_in_use",
         )

@@ -58,13 +58,6 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def spec_from_request(body: FineTuningJobCreate) -> JobSpec:
     """The job spec of an OpenAI create request; ``tunebox`` fields are merged over the OpenAI ones."""
-    if body.validation_file is not None:
-        raise OpenAIError(
-            400,
-            "validation_file is not supported: the held-out rows are "
-            "tunebox.dataset.eval_fraction of the training file",
-            param="validation_file",
-        )
     if body.integrations:
         raise OpenAIError(400, "integrations are not supported", param="integrations")
     hyper = body.hyper()
@@ -83,6 +76,8 @@ def spec_from_request(body: FineTuningJobCreate) -> JobSpec:
         "dataset": {"id": body.training_file, "format": FILE_FORMAT},
         "training": training,
     }
+    if body.validation_file is not None:  # evaluated on all of it; every training row trains
+        spec["eval"] = {"dataset": {"id": body.validation_file, "format": FILE_FORMAT}}
     if body.tunebox:
         spec = _merge(spec, body.tunebox)
     try:
@@ -219,7 +214,7 @@ def job_object(job: Job, owner: str) -> dict[str, Any]:
         "status": STATUS[status],
         "trained_tokens": trained,
         "training_file": asked.get("training_file") or job.dataset_id or "",
-        "validation_file": None,
+        "validation_file": asked.get("validation_file") or job.eval_dataset_id,
         "estimated_finish": finish,
         "integrations": [],
         "metadata": asked.get("metadata"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from store.db import session_scope
 from store.models import Dataset, Job
 from tests.api.conftest import Env, job_spec
 from tests.tinydata import alpaca_rows, sharegpt_rows
@@ -86,6 +87,37 @@ def test_job_on_an_uploaded_dataset(env: Env) -> None:
     assert res.status_code == 201, res.text
     assert res.json()["dataset_id"] == ds["id"] and res.json()["spec"]["dataset"]["num_rows"] == 9
     assert env.count(Job) == 1
+
+
+def test_a_job_evaluates_on_its_own_dataset(env: Env) -> None:
+    train = env.client.post("/v1/datasets", content=_jsonl(alpaca_rows(9)), headers=env.auth()).json()
+    held = env.client.post("/v1/datasets", content=_jsonl(sharegpt_rows(4, seed=1)),
+                           headers=env.auth()).json()
+    spec = job_spec(dataset={"id": train["id"]}, eval={"dataset": {"id": held["id"]}})
+    res = env.client.post("/v1/jobs", json=spec, headers=env.auth())
+    assert res.status_code == 201, res.text
+    stored = res.json()["spec"]
+    assert stored["eval"]["dataset"] == {**stored["eval"]["dataset"], "id": held["id"], "num_rows": 4}
+    assert stored["dataset"]["eval_fraction"] == 0.0  # every training row trains
+    with session_scope(env.url) as session:
+        assert session.get(Job, res.json()["id"]).eval_dataset_id == held["id"]
+
+
+def test_an_eval_dataset_is_checked_as_the_training_one_is(env: Env) -> None:
+    train = env.client.post("/v1/datasets", content=_jsonl(alpaca_rows(9)), headers=env.auth()).json()
+    for evaluation, field in [({"id": "ds_nothing"}, "eval.dataset.id"),
+                              ({"path": "/etc/passwd"}, "eval.dataset.path")]:
+        res = env.client.post("/v1/jobs", json=job_spec(dataset={"id": train["id"]},
+                                                        eval={"dataset": evaluation}), headers=env.auth())
+        assert res.status_code == 422 and res.json()["errors"][0]["field"] == field, res.text
+    both = job_spec(dataset={"id": train["id"], "eval_fraction": 0.2}, eval={"dataset": {"id": train["id"]}})
+    res = env.client.post("/v1/jobs", json=both, headers=env.auth())
+    assert res.status_code == 422 and "give one" in res.text
+    bobs = env.client.post("/v1/datasets", content=_jsonl(alpaca_rows(3)), headers=env.auth("bob")).json()
+    private = job_spec(dataset={"id": bobs["id"]}, eval={"dataset": {"id": train["id"]}})  # alice's
+    res = env.client.post("/v1/jobs", json=private, headers=env.auth("bob"))
+    assert res.status_code == 422 and res.json()["errors"][0]["field"] == "eval.dataset.id"
+    assert env.count(Job) == 0
 
 
 def test_openai_chat_upload_is_format_openai(env: Env) -> None:

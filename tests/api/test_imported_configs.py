@@ -187,6 +187,7 @@ def test_llamafactorys_example_yamls_convert_and_plan(pg_env, path):
         ({"quantization_bit": 8}, "quantization_bit"),
         ({"dataset": "identity,alpaca_en_demo"}, "dataset"),
         ({"finetuning_type": "freeze"}, "finetuning_type"),
+        ({"eval_dataset": "a,b"}, "eval_dataset"),
     ],
 )
 def test_what_tunebox_cannot_honour_is_refused_by_name(change, field):
@@ -194,3 +195,18 @@ def test_what_tunebox_cannot_honour_is_refused_by_name(change, field):
     with pytest.raises(PlanError) as err:
         convert(config)
     assert err.value.field == field
+
+
+def test_an_eval_dataset_is_the_jobs_evaluation_rows():
+    config = {**yaml.safe_load((DATA / "qwen3_lora_sft.yaml").read_text()), "dataset": "identity",
+              "eval_dataset": "held", "dataset_dir": "mydata"}
+    config.pop("val_size", None)
+    info = {"identity": {"file_name": "identity.json"},
+            "held": {"file_name": "held.jsonl", "formatting": "sharegpt"}}
+    converted = convert(config, dataset_info=info)
+    assert converted.spec["eval"]["dataset"] == {"path": "mydata/held.jsonl", "format": "sharegpt"}
+    assert "eval_dataset" not in converted.unmapped
+    spec = JobSpec.model_validate(converted.spec)
+    assert spec.dataset is not None and spec.dataset.eval_fraction == 0.0
+    with pytest.raises(ValueError, match="give one"):  # LLaMA-Factory's val_size beside it contradicts it
+        JobSpec.model_validate(convert({**config, "val_size": 0.1}, dataset_info=info).spec)

@@ -115,6 +115,29 @@ def test_create_retrieve_list_and_the_job_behind_it(box):
     assert err.value.code == "fine_tuning_job_not_found"
 
 
+def test_a_validation_file_is_what_the_job_evaluates_on(box, tmp_path):
+    client = box.client()
+    train = _upload(client, box.chat_file)
+    held_path = tmp_path / "held.jsonl"
+    held_path.write_text("".join(box.chat_file.read_text().splitlines(keepends=True)[:6]))
+    held = _upload(client, held_path)
+    job = client.fine_tuning.jobs.create(model="small", training_file=train.id, validation_file=held.id,
+                                         extra_body={"tunebox": SMALL})
+    assert job.validation_file == held.id and job.training_file == train.id
+    assert client.fine_tuning.jobs.retrieve(job.id).validation_file == held.id
+    with session_scope(box.url) as s:
+        row = s.get(Job, job.id)
+        assert row is not None and row.eval_dataset_id == held.id
+        assert row.spec["eval"]["dataset"]["num_rows"] == 6 and row.spec["dataset"]["eval_fraction"] == 0.0
+    with pytest.raises(openai.BadRequestError) as err:
+        client.files.delete(held.id)  # a job's data is kept with it
+    assert err.value.code == "file_in_use" and "validation file" in err.value.message
+    with pytest.raises(openai.BadRequestError) as both:
+        client.fine_tuning.jobs.create(model="small", training_file=train.id, validation_file=held.id,
+                                       extra_body={"tunebox": {**SMALL, "dataset": {"eval_fraction": 0.2}}})
+    assert "give one" in both.value.message
+
+
 def test_cancel_pause_resume_and_events(box):
     client = box.client()
     file = _upload(client, box.chat_file)
@@ -183,7 +206,7 @@ def test_bad_fields_name_the_request_parameter(box):
             {"model": "small", "training_file": file.id, "hyperparameters": {"n_epochs": 0}},
             "hyperparameters.n_epochs",
         ),
-        ({"model": "small", "training_file": file.id, "validation_file": file.id}, "validation_file"),
+        ({"model": "small", "training_file": file.id, "validation_file": "ds_missing"}, "validation_file"),
         (
             {
                 "model": "small",

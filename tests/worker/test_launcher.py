@@ -45,6 +45,22 @@ def test_run_file_is_built_from_the_stored_spec_and_plan(db_url, tmp_path):
     assert path.parent == tmp_path / "jobs" / job.id
 
 
+def test_run_file_names_the_eval_datasets_file(db_url, tmp_path):
+    settings = Settings(data_dir=tmp_path)
+    with session_scope(db_url) as s:
+        user = make_user(s)
+        held = Dataset(id=new_id("ds"), owner_id=user.id, name="held", path=str(tmp_path / "held.jsonl"),
+                       format="openai", num_rows=3, size_bytes=10, sha256="1" * 64)
+        s.add(held)
+        s.flush()
+        by_id = make_job(s, user, spec=job_spec(eval={"dataset": {"id": held.id}}), eval_dataset_id=held.id)
+        by_path = make_job(s, user, spec=job_spec(eval={"dataset": {"path": str(tmp_path / "e.jsonl")}}))
+        neither = make_job(s, user, spec=job_spec())
+        paths = [launcher.build_run_file(s, job, CPU2, settings)["eval_dataset_path"]
+                 for job in (by_id, by_path, neither)]
+    assert paths == [str(tmp_path / "held.jsonl"), str(tmp_path / "e.jsonl"), ""]
+
+
 def test_every_job_on_a_gpu_is_held_to_its_plan_and_the_tolerance(db_url, tmp_path):
     from planner import plan as make_plan
     from planner.catalogue import lookup

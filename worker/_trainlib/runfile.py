@@ -3,6 +3,7 @@
 ``run.json``::
 
     {"job_id": str, "spec": <JobSpec JSON>, "model_path": str, "dataset_path": str,
+     "eval_dataset_path": str,               # "" unless the spec names eval.dataset
      "resolved": {"micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
                   "zero_stage", "offload_optimizer", "offload_param", "num_gpus", "precision"},
      "deepspeed_config": {...}, "device": "cuda" | "cpu",
@@ -87,6 +88,7 @@ class RunConfig:
     deepspeed_config: dict[str, Any]
     device: str
     gpu_memory_limit_bytes: int | None = None
+    eval_dataset_path: Path | None = None  # the evaluation rows' file, when the spec names eval.dataset
 
     @property
     def model_dir(self) -> Path:
@@ -170,6 +172,7 @@ def load_run(job_dir: Path) -> RunConfig:
             deepspeed_config=ds,
             device=str(raw.get("device", "cuda")),
             gpu_memory_limit_bytes=_positive_int(raw.get("gpu_memory_limit_bytes")),
+            eval_dataset_path=_path(raw, "eval_dataset_path"),
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise JobFailure(ERROR, "bad_run_file", f"cannot use {path}: {exc}") from exc
