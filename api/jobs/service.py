@@ -45,6 +45,7 @@ from api.plans.service import (
     refusal,
     resolve_model,
 )
+from api.workers import no_worker
 from planner import Plan
 from planner.spec import DataSource, JobSpec
 from store.base import utcnow
@@ -314,6 +315,9 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
                  data={"status": "queued", "num_gpus": plan.num_gpus}),
         JobEvent(job_id=job.id, kind="audit", actor=user.name, message="create", data={"action": "create"}),
     ])
+    if (silent := no_worker(session, settings)) is not None:
+        session.add(JobEvent(job_id=job.id, kind="waiting", actor="api", message=silent,
+                             data={"reason": "no_worker"}))
     session.flush()
     # the id is taken from here: the session keeps a flushed object only weakly, so looking the
     # job up again later could cost a SELECT

@@ -1,5 +1,5 @@
-"""``/healthz`` (the process answers), ``/readyz`` (database and broker reachable, the embedded
-worker not failing), ``/metrics``."""
+"""``/healthz`` (the process answers), ``/readyz`` (database and broker reachable, a worker consuming
+the queue, the embedded worker not failing), ``/metrics``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.errors import FieldError, ServiceUnavailable
+from api.workers import no_worker
 from tunebox.settings import Settings
 
 router = APIRouter(tags=["ops"])
@@ -25,13 +26,14 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-def _database_problem(sessions: sessionmaker[Session]) -> str | None:
+def _database_problems(sessions: sessionmaker[Session], settings: Settings) -> tuple[str | None, str | None]:
+    """What is wrong with the database, else whether a worker reports to it."""
     try:
         with sessions() as session:
             session.execute(text("SELECT 1"))
+            return None, no_worker(session, settings)
     except Exception as exc:
-        return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-    return None
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:300], None
 
 
 def _broker_problem(settings: Settings) -> str | None:
@@ -62,23 +64,24 @@ def _broker_problem(settings: Settings) -> str | None:
 def _readiness(sessions: sessionmaker[Session], settings: Settings,
                worker_problem: Callable[[], str | None]) -> list[FieldError]:
     problems = []
-    if (db := _database_problem(sessions)) is not None:
+    db, silent = _database_problems(sessions, settings)
+    if db is not None:
         problems.append(FieldError("database", db))
     if (broker := _broker_problem(settings)) is not None:
         problems.append(FieldError("broker", broker))
-    if (worker := worker_problem()) is not None:
+    if (worker := worker_problem() or silent) is not None:
         problems.append(FieldError("worker", worker))
     return problems
 
 
-@router.get("/readyz", summary="Database and broker reachable, and the embedded worker running",
+@router.get("/readyz", summary="Database and broker reachable, and a worker consuming the queue",
             responses={503: {"content": {"application/problem+json": {}}}})
 async def readyz(request: Request) -> dict[str, str]:
     state = request.app.state
     problems = await run_in_threadpool(_readiness, state.read_sessions, state.settings, state.worker_problem)
     if problems:
         raise ServiceUnavailable("not ready: " + "; ".join(p["field"] for p in problems), errors=problems)
-    return {"status": "ready", "database": "ok", "broker": "ok"}
+    return {"status": "ready", "database": "ok", "broker": "ok", "worker": "ok"}
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)

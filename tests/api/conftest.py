@@ -106,12 +106,25 @@ def issue_tokens(url: str) -> dict[str, str]:
                 "root": create_token(session, "root", admin=True).token}
 
 
-def build_env(url: str, roots: tuple[Path, Path], tmp: Path, **settings: Any) -> Iterator[Env]:
+def build_env(url: str, roots: tuple[Path, Path], tmp: Path, *, worker: bool = True,
+              **settings: Any) -> Iterator[Env]:
+    """The API on a fresh database; ``worker``: a worker has reported this box's GPUs, as its
+    housekeeping does (without one, readiness fails and new jobs get a waiting event)."""
     truncate_all(url)
     enqueued = Enqueued()
     app = create_app(make_settings(url, roots, tmp, **settings), enqueue=enqueued, token_cache_ttl_s=0)
+    if worker:
+        report_gpus(url, app.state.settings)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield Env(url, app.state.settings, client, enqueued, issue_tokens(url))
+
+
+def report_gpus(url: str, settings: Settings) -> None:
+    """What a worker's housekeeping writes each ``inventory_interval_s``: this box's GPU rows."""
+    from worker.gpus import sync_inventory
+
+    with session_scope(url) as session:
+        sync_inventory(session, settings)
 
 
 @pytest.fixture

@@ -2,19 +2,42 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from fastapi.testclient import TestClient
 
 from api.app import create_app
 from store.models import Job
-from tests.api.conftest import BOX, Env, build_env, job_spec
+from tests.api.conftest import BOX, Env, build_env, job_spec, report_gpus
 
 
 def test_healthz_and_readyz(env: Env) -> None:
     assert env.client.get("/healthz").json() == {"status": "ok"}
     res = env.client.get("/readyz")
     assert res.status_code == 200, res.text
+
+
+def test_readyz_waits_for_a_worker_and_a_job_queued_without_one_says_so(
+        pg_url: str, roots: tuple[Path, Path], tmp_path: Path) -> None:
+    for env in build_env(pg_url, roots, tmp_path, worker=False, inventory_interval_s=1.0):
+        res = env.client.get("/readyz")
+        assert res.status_code == 503 and [e["field"] for e in res.json()["errors"]] == ["worker"]
+        assert "no worker has reported yet" in res.json()["errors"][0]["message"]
+        job = env.submit()  # accepted: it waits in the queue
+        events = env.client.get(f"/v1/jobs/{job['id']}/events", headers=env.auth()).json()["items"]
+        waiting = [e for e in events if e["kind"] == "waiting"]
+        assert len(waiting) == 1 and "tunebox worker" in waiting[0]["message"]
+
+        report_gpus(env.url, env.settings)  # a worker's housekeeping refreshes the box's GPUs
+        assert env.client.get("/readyz").json()["worker"] == "ok"
+        second = env.submit()
+        events = env.client.get(f"/v1/jobs/{second['id']}/events", headers=env.auth()).json()["items"]
+        assert [e for e in events if e["kind"] == "waiting"] == []
+
+        time.sleep(3.2)  # three refreshes missed: the worker counts as gone
+        res = env.client.get("/readyz")
+        assert res.status_code == 503 and "no worker has reported since" in res.json()["errors"][0]["message"]
 
 
 def test_readyz_is_503_problem_when_the_broker_is_down(pg_url: str, roots: tuple[Path, Path],

@@ -29,7 +29,8 @@ def test_services_and_health_checks(compose):
     assert set(services) == {"postgres", "redis", "api", "worker"}
     assert "pg_isready" in _test_cmd(services["postgres"])
     assert "redis-cli ping" in _test_cmd(services["redis"])
-    assert "/readyz" in _test_cmd(services["api"])
+    # the worker waits on the API's health: that cannot be /readyz, which waits on a worker
+    assert "/healthz" in _test_cmd(services["api"]) and "/readyz" not in _test_cmd(services["api"])
     assert "inspect ping" in _test_cmd(services["worker"])
     assert services["api"]["depends_on"] == {"postgres": {"condition": "service_healthy"},
                                              "redis": {"condition": "service_healthy"}}

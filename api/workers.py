@@ -1,0 +1,32 @@
+"""Whether a worker is consuming the queue: every worker refreshes its box's GPU rows each
+``inventory_interval_s`` (its housekeeping thread), so the newest refresh is the last sign of life."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from store.base import utcnow
+from store.models import Gpu
+from tunebox.settings import Settings
+
+#: refreshes a worker may miss before it counts as gone (a busy box, a slow database)
+MISSED_REFRESHES = 3
+
+
+def silence_s(settings: Settings) -> float:
+    return MISSED_REFRESHES * settings.inventory_interval_s
+
+
+def no_worker(session: Session, settings: Settings) -> str | None:
+    """Why no worker is consuming the queue, or None while one reported recently."""
+    last = session.scalar(select(func.max(Gpu.updated_at)))
+    if last is not None and utcnow() - last <= timedelta(seconds=silence_s(settings)):
+        return None
+    since = ("no worker has reported yet" if last is None
+             else f"no worker has reported since {last:%Y-%m-%d %H:%M:%S} UTC")
+    return (f"{since} (each refreshes its GPUs every {settings.inventory_interval_s:g} s): jobs wait in the "
+            "queue until `tunebox worker` runs on a GPU box (`tunebox serve` runs one itself on the "
+            "embedded default)")
