@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -246,6 +247,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_ARCH = re.compile(r"^(\d+)\.(\d+)[a-z]?(\+PTX)?$")
+
+
+def deepspeed_arch_list(value: str | None) -> str | None:
+    """``TORCH_CUDA_ARCH_LIST`` in the form DeepSpeed's op builder parses, or None (unset: it probes
+    the visible GPUs). Hopper and Blackwell images set arch-specific entries (``9.0a``, ``10.0f``)
+    that its numeric sort cannot read; the ops it builds use no arch-specific feature, so the plain
+    architecture builds the same kernels."""
+    if value is None:
+        return None
+    out: list[str] = []
+    for entry in value.replace(" ", ";").split(";"):
+        match = _ARCH.match(entry.strip())
+        if match is not None:
+            arch = f"{match[1]}.{match[2]}{match[3] or ''}"
+            if arch not in out:
+                out.append(arch)
+    return ";".join(out) or None
+
+
 def base_env(grant: Grant, settings: Settings, run: RunId, role: str) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -268,6 +289,11 @@ def base_env(grant: Grant, settings: Settings, run: RunId, role: str) -> dict[st
         # NVML numbers cards by PCI bus; CUDA's default order is "fastest first"
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in grant.indices)
+        arch = deepspeed_arch_list(env.get("TORCH_CUDA_ARCH_LIST"))
+        if arch is None:
+            env.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            env["TORCH_CUDA_ARCH_LIST"] = arch
     return env
 
 

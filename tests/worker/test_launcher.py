@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from store.db import session_scope
 from store.ids import new_id
 from store.models import Dataset
@@ -104,6 +106,49 @@ def test_environment_names_the_leased_cards(tmp_path):
     cpu = launcher.base_env(CPU2, settings, run, "train")
     assert (cpu["CUDA_VISIBLE_DEVICES"], cpu["DS_ACCELERATOR"]) == ("", "cpu")
     assert (cpu[launcher.ENV_JOB_ID], cpu[launcher.ENV_ATTEMPT]) == ("job_x", "2")
+
+
+def _deepspeed_parses(arch_list: str | None, monkeypatch) -> bool:
+    """Whether DeepSpeed's op builder reads ``arch_list`` as it does before a JIT build."""
+    from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+
+    class Probe(CUDAOpBuilder):
+        BUILD_VAR, NAME = "DS_BUILD_PROBE", "probe"
+
+        def __init__(self) -> None:
+            super().__init__(name=self.NAME)
+
+        def absolute_name(self) -> str:
+            return self.NAME
+
+        def sources(self) -> list[str]:
+            return []
+
+    if arch_list is None:
+        monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+        return True  # unset: DeepSpeed probes the visible GPUs
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+    probe = Probe()
+    probe.jit_mode = True
+    try:
+        probe.compute_capability_args()
+    except ValueError:
+        return False
+    except RuntimeError:  # read as empty: it probes the GPUs, and this machine has none
+        return True
+    return True
+
+
+@pytest.mark.parametrize(("host", "passed"), [
+    ("9.0a", "9.0"), ("8.0;9.0a 10.0f+PTX", "8.0;9.0;10.0+PTX"), ("9.0;9.0a", "9.0"),
+    ("8.6+PTX", "8.6+PTX"), ("", None), ("sm_90", None),
+])
+def test_the_trainer_gets_an_arch_list_deepspeed_parses(tmp_path, monkeypatch, host, passed):
+    assert _deepspeed_parses(host, monkeypatch) is (host in (passed, ""))  # the host's value as it is
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", host)
+    env = launcher.base_env(CUDA, Settings(data_dir=tmp_path), launcher.RunId("job_x", 1, "o"), "train")
+    assert env.get("TORCH_CUDA_ARCH_LIST") == passed
+    assert _deepspeed_parses(env.get("TORCH_CUDA_ARCH_LIST"), monkeypatch)
 
 
 def test_one_process_per_gpu_in_one_process_group(db_url, tmp_path):
