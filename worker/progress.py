@@ -143,6 +143,8 @@ class ProgressRecorder:
             self.done = record
         elif kind == "paused":
             self.paused = record
+        elif kind == "op_build":
+            self._record_op_build(record)
 
     def flush(self, force: bool = True) -> None:
         """Write the latest progress if the interval has passed (or ``force``)."""
@@ -195,6 +197,15 @@ class ProgressRecorder:
                            message=f"removed checkpoints at steps {', '.join(map(str, steps))} "
                                    f"(training.save_total_limit {record.get('kept')})",
                            data={"removed_steps": steps, "kept": record.get("kept")}))
+
+    def _record_op_build(self, record: dict[str, Any]) -> None:
+        op = str(record.get("op"))
+        message = (f"waiting for DeepSpeed's {op} op, which another process is building (once a box)"
+                   if record.get("waiting") else
+                   f"building DeepSpeed's {op} op (once a box: later jobs load it)")
+        with session_scope(self.db_url) as s:
+            s.add(JobEvent(job_id=self.job_id, kind="op_build", actor="worker", message=message,
+                           data={"op": op, "waiting": bool(record.get("waiting"))}))
 
     def _record_data(self, report: dict[str, Any]) -> None:
         """The trainer's account of the dataset, on the job and as an event (every row accounted for)."""

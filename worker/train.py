@@ -208,11 +208,14 @@ class Trainer:
 
         # DeepSpeed builds or loads its ops while it sets up: a build lock left by a killed run
         # would make it wait forever
-        sweeper = start_sweeper()
+        sweeper = start_sweeper(on_build=self._op_build)
         try:
             self._build_engine()
         finally:
             sweeper.set()
+
+    def _op_build(self, op: str, by_this_process: bool) -> None:
+        self.progress.emit("op_build", op=op, waiting=not by_this_process)
 
     def _build_engine(self) -> None:
         import deepspeed

@@ -51,3 +51,26 @@ def test_sweeper_removes_a_lock_that_goes_stale_while_it_runs(tmp_path: Path) ->
         assert not lock.exists()
     finally:
         stop.set()
+
+
+def test_an_op_held_longer_than_a_load_is_reported_once_with_whose_build_it_is(tmp_path: Path) -> None:
+    theirs = _lock(tmp_path, "cpu_adam", age_s=extlocks.BUILD_AGE_S + 1)  # another process builds it
+    mine = _lock(tmp_path, "fused_adam", age_s=extlocks.BUILD_AGE_S + 1)  # this process builds it
+    loading = _lock(tmp_path, "cpu_lion", age_s=0)  # held for a moment: a load, not a build
+    _lock(tmp_path, "deepspeed_shm_comm", age_s=3600)  # held by no one: not a build at all
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; fs = [open(p) for p in sys.argv[1:]];"
+                               " print('open', flush=True); time.sleep(60)", str(theirs), str(loading)],
+                              stdout=subprocess.PIPE, text=True)
+    reports: list[tuple[str, bool]] = []
+    with mine.open():
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+            assert extlocks.builds(tmp_path) == {"cpu_adam": False, "fused_adam": True}
+            stop = extlocks.start_sweeper(tmp_path, period_s=0.05, on_build=lambda op, by_me:
+                                          reports.append((op, by_me)))
+            time.sleep(0.5)  # ten sweeps
+            stop.set()
+        finally:
+            holder.kill()
+            holder.wait()
+    assert sorted(reports) == [("cpu_adam", False), ("fused_adam", True)]

@@ -65,3 +65,20 @@ def test_a_first_step_lost_to_a_database_error_is_written_on_the_next_read(db_ur
     assert _steps(db_url, job_id) == [1]
     recorder.flush(force=True)
     assert _steps(db_url, job_id) == [1, 3]
+
+
+def test_an_op_build_is_an_event_naming_the_op_and_whose_build_it_is(db_url):
+    from store.models import JobEvent
+
+    with session_scope(db_url) as s:
+        job_id = make_job(s, make_user(s)).id
+    ProgressRecorder(db_url, job_id, interval_s=3600).handle([
+        {"type": "op_build", "op": "cpu_adam", "waiting": True},
+        {"type": "op_build", "op": "fused_adam", "waiting": False}])
+    with session_scope(db_url) as s:
+        events = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == "op_build")
+                           .order_by(JobEvent.id)).all()
+        assert [(e.data["op"], e.data["waiting"]) for e in events] == [("cpu_adam", True),
+                                                                         ("fused_adam", False)]
+        assert "waiting for DeepSpeed's cpu_adam op" in events[0].message
+        assert events[1].message.startswith("building DeepSpeed's fused_adam op")

@@ -283,3 +283,25 @@ def test_a_build_lock_left_by_a_killed_run_does_not_stall_the_next_run(tmp_path:
     _done(job, result)
     assert not any(lock.exists() for lock in locks)
     assert "removed a stale build lock" in result.stdout + result.stderr
+
+
+def test_a_run_waiting_for_another_processs_op_build_says_so(tmp_path: Path, tiny_model: Path,
+                                                             alpaca_file: Path) -> None:
+    """torch builds an op under its lock; a run that needs the op meanwhile waits, and says for what."""
+    lock = Path(TORCH_EXT) / "cpu_adam" / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    # another process's build: it holds the lock, then removes it as torch does when the build ends
+    builder = subprocess.Popen([sys.executable, "-c", "import os, sys, time; fd = os.open(sys.argv[1], "
+                                "os.O_CREAT | os.O_EXCL); print('held', flush=True); time.sleep(12); "
+                                "os.unlink(sys.argv[1])", str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert builder.stdout is not None and builder.stdout.readline().strip() == "held"
+        job = write_run(tmp_path / "job", make_spec(tiny_model, alpaca_file, max_steps=1))
+        _done(job, run_train(job, timeout=240))
+    finally:
+        builder.kill()
+        builder.wait()
+        lock.unlink(missing_ok=True)
+    builds = [e for e in read_progress(job) if e["type"] == "op_build"]
+    assert builds and builds[0]["op"] == "cpu_adam" and builds[0]["waiting"] is True
+    assert len({b["op"] for b in builds}) == len(builds)  # each op once

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,15 @@ class ProgressLog:
     def __init__(self, path: Path, enabled: bool):
         self.enabled = enabled
         self._fh = path.open("a", encoding="utf-8") if enabled else None
+        self._lock = threading.Lock()  # the op-build watcher writes from its own thread
 
     def emit(self, kind: str, **fields: Any) -> None:
         if self._fh is None:
             return
         line = {"type": kind, **fields, "time": time.time()}
-        self._fh.write(json.dumps(line) + "\n")
-        self._fh.flush()
+        with self._lock:
+            self._fh.write(json.dumps(line) + "\n")
+            self._fh.flush()
 
     def close(self) -> None:
         if self._fh is not None:
