@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -130,6 +130,11 @@ class Settings(BaseSettings):
                                                   "per GPU.")] = False
     torch_extensions_dir: Annotated[Path | None, Field(description="Cache of compiled DeepSpeed ops; "
                                                        "default: `DATA_DIR/torch_extensions`.")] = None
+    prebuild_ops: Annotated[list[Literal["cpu_adam", "fused_adam", "cpu_lion", "fused_lion", "async_io"]],
+                            Field(description="DeepSpeed ops a worker builds (or loads) in the background "
+                                  "when it starts, so jobs do not wait for the first build; an op the "
+                                  "box's accelerator lacks is skipped. Empty: none.")] = [
+        "cpu_adam", "fused_adam"]
     gpu_memory_limit_bytes: Annotated[int | None, Field(ge=2**28, description="Memory of each card "
                                                         "that jobs may use, where the box keeps the rest "
                                                         "for other work: the inventory, plans, leases "

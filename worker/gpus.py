@@ -88,6 +88,11 @@ def local_inventory(settings: Settings) -> list[GpuInfo]:
     return [_limited(g, limit) for g in gpus] if limit else gpus
 
 
+def box_device(settings: Settings) -> str:
+    """``cuda`` where NVML sees GPUs on this host, else ``cpu`` (the settings' stand-ins)."""
+    return "cpu" if all(g.uuid.startswith("cpu-") for g in local_inventory(settings)) else "cuda"
+
+
 def _limited(info: GpuInfo, limit: int) -> GpuInfo:
     """``info`` as jobs see it where they may use ``limit`` bytes of the card: what others hold on
     it (total less free) counts against that share."""

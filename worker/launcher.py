@@ -267,7 +267,9 @@ def deepspeed_arch_list(value: str | None) -> str | None:
     return ";".join(out) or None
 
 
-def base_env(grant: Grant, settings: Settings, run: RunId, role: str) -> dict[str, str]:
+def ops_env(settings: Settings, device: str) -> dict[str, str]:
+    """The environment in which a process on ``device`` builds and loads DeepSpeed's ops: the box's
+    extensions cache, the accelerator, an arch list DeepSpeed parses."""
     env = dict(os.environ)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
@@ -276,25 +278,45 @@ def base_env(grant: Grant, settings: Settings, run: RunId, role: str) -> dict[st
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
         "PYTHONUNBUFFERED": "1",
         "TORCH_EXTENSIONS_DIR": str(extensions),
+    })
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["DS_ACCELERATOR"] = "cpu"
+        return env
+    # the lease decides the device: a DS_ACCELERATOR=cpu left in the worker's environment would
+    # silently train a GPU job on the CPU
+    env.pop("DS_ACCELERATOR", None)
+    arch = deepspeed_arch_list(env.get("TORCH_CUDA_ARCH_LIST"))
+    if arch is None:
+        env.pop("TORCH_CUDA_ARCH_LIST", None)
+    else:
+        env["TORCH_CUDA_ARCH_LIST"] = arch
+    return env
+
+
+def base_env(grant: Grant, settings: Settings, run: RunId, role: str) -> dict[str, str]:
+    env = ops_env(settings, device_of(grant))
+    env.update({
         "TUNEBOX_EXPECTED_GPU_UUIDS": ",".join(grant.uuids),
         ENV_JOB_ID: run.job_id, ENV_ATTEMPT: str(run.attempt), ENV_OWNER: run.owner, ENV_ROLE: role,
     })
-    if device_of(grant) == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        env["DS_ACCELERATOR"] = "cpu"
-    else:
-        # the lease decides the device: a DS_ACCELERATOR=cpu left in the worker's environment
-        # would silently train a GPU job on the CPU
-        env.pop("DS_ACCELERATOR", None)
+    if device_of(grant) == "cuda":
         # NVML numbers cards by PCI bus; CUDA's default order is "fastest first"
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in grant.indices)
-        arch = deepspeed_arch_list(env.get("TORCH_CUDA_ARCH_LIST"))
-        if arch is None:
-            env.pop("TORCH_CUDA_ARCH_LIST", None)
-        else:
-            env["TORCH_CUDA_ARCH_LIST"] = arch
     return env
+
+
+def start_prebuild(settings: Settings, device: str) -> subprocess.Popen[bytes] | None:
+    """Build (or load) ``settings.prebuild_ops`` in a background process (``worker.prebuild``),
+    logged to ``DATA_DIR/prebuild.log``; None when there is nothing to build."""
+    if not settings.prebuild_ops:
+        return None
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with (settings.data_dir / "prebuild.log").open("ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "worker.prebuild", *settings.prebuild_ops],
+                                env=ops_env(settings, device), cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def rank_env(env: dict[str, str], rank: int, world: int, port: int) -> dict[str, str]:

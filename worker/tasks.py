@@ -28,7 +28,8 @@ from tunebox.settings import Settings, get_settings
 from worker import leasing
 from worker.celery_app import get_celery
 from worker.dispatch import RUN_JOB_TASK
-from worker.gpus import host_name, sync_inventory
+from worker.gpus import box_device, host_name, sync_inventory
+from worker.launcher import start_prebuild
 from worker.leasing import Grant
 from worker.probe import probe_box
 from worker.reconcile import reconcile_once
@@ -137,6 +138,8 @@ def _start_housekeeping(**_: Any) -> None:
     # plans use the catalogue and the settings until the probe has stored its figures
     threading.Thread(target=Housekeeping._safely, args=(lambda: probe_box(settings),),
                      name="tunebox-box-probe", daemon=True).start()
+    # the first job then loads DeepSpeed's ops rather than waiting for their build
+    Housekeeping._safely(lambda: start_prebuild(settings, box_device(settings)))
     _housekeeping = keeper
 
 

@@ -33,6 +33,8 @@ def worker_env(db_url: str, broker_url: str | None, data_dir: Path, **overrides:
         "TRAIN_MODULE": "tests.worker.fake_train", "EVAL_MODULE": "tests.worker.fake_eval",
         "CANCEL_GRACE_S": 2, "LEASE_TTL_S": 30, "PROGRESS_INTERVAL_S": 0.2, "LEASE_WAIT_S": 0.5,
         "RECONCILE_INTERVAL_S": 2, "INVENTORY_INTERVAL_S": 30, "REQUEUE_AFTER_S": 3600,
+        # no background op builds beside the tests' own runs (tests/worker/test_run.py has one)
+        "PREBUILD_OPS": "[]",
         # the test run's own cache of DeepSpeed's compiled ops (scripts/test sets it)
         "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
                                                str(REPO / ".cache" / "torch_extensions")),

@@ -30,7 +30,8 @@ TERMINAL = {S.SUCCEEDED, S.FAILED, S.CANCELLED}
 @pytest.fixture(scope="module")
 def worker(db_url, redis_url, tmp_path_factory):
     data = tmp_path_factory.mktemp("worker-data")
-    proc = WorkerProcess(worker_env(db_url, redis_url, data), data / "worker.log").start()
+    env = worker_env(db_url, redis_url, data, prebuild_ops='["cpu_adam", "async_io"]')
+    proc = WorkerProcess(env, data / "worker.log").start()
     yield proc
     proc.stop()
 
@@ -95,6 +96,21 @@ def test_job_runs_to_success_with_a_separate_evaluation(worker, db_url):
     assert steps == [2, 4] and final.path.endswith("final") and final.eval_status == "succeeded"
     assert 4 in metrics
     assert _leases(db_url, job_id) == 0
+
+
+def test_the_worker_builds_or_loads_deepspeeds_ops_when_it_starts(worker):
+    log = worker.settings.data_dir / "prebuild.log"
+
+    def ops() -> list[str]:  # the op lines, among DeepSpeed's own warnings
+        text = log.read_text() if log.is_file() else ""
+        return [line for line in text.splitlines() if line.startswith(("cpu_adam: ", "async_io: "))]
+
+    wait_for(lambda: len(ops()) == 2, 900, "the ops prebuilt")
+    lines = ops()
+    assert lines[0].startswith("cpu_adam: ready in ")
+    assert lines[1].startswith(("async_io: skipped", "async_io: ready"))  # skipped without libaio
+    cache = worker.settings.torch_extensions_dir
+    assert cache is not None and any((cache / "cpu_adam").glob("*.so"))
 
 
 def test_message_for_a_running_or_finished_job_starts_nothing(worker, db_url):
