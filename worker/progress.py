@@ -134,6 +134,9 @@ class ProgressRecorder:
                 # the loss curve always starts where the run started
                 self.flush(force=True)
         elif kind == "checkpoint":
+            pending = self._pending
+            if pending is not None and pending.get("step") == record.get("step"):
+                self.flush(force=True)  # a checkpoint's step is always on the curve, with its loss
             self._record_checkpoint(record, final=False)
             self.checkpoints.append(record)
             self._fresh.append(record)

@@ -82,3 +82,16 @@ def test_an_op_build_is_an_event_naming_the_op_and_whose_build_it_is(db_url):
                                                                          ("fused_adam", False)]
         assert "waiting for DeepSpeed's cpu_adam op" in events[0].message
         assert events[1].message.startswith("building DeepSpeed's fused_adam op")
+
+
+def test_every_checkpoints_step_is_written_whatever_the_interval(db_url):
+    with session_scope(db_url) as s:
+        job_id = make_job(s, make_user(s)).id
+    recorder = ProgressRecorder(db_url, job_id, interval_s=3600)
+    records: list[dict] = [{"type": "start", "total_steps": 12}]
+    for k in range(1, 13):
+        records.append(_progress(k))
+        if k % 4 == 0:
+            records.append({"type": "checkpoint", "step": k, "path": f"/nowhere/step-{k}"})
+    recorder.handle(records + [{"type": "done", "step": 12}])
+    assert _steps(db_url, job_id) == [1, 4, 8, 12]  # the first, each checkpoint's, the last
