@@ -97,3 +97,51 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'tunebox.db'}"
     upgrade(url)
     return url
+
+
+# ------------------------------------------------------------------ DeepSpeed's ops, built early
+
+#: the test folders whose runs load DeepSpeed's CPU ops (the planner's lifetimes tests use the CPU Adam)
+_OP_USERS = ("worker_train", "worker", "bench", "openai", "dashboard", "reliability", "planner")
+_PREBUILT = ("cpu_adam", "fused_adam", "cpu_lion")
+_prebuild: dict[str, object] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the CPU ops the collected tests load in the background, as a worker does at start
+    (``worker.prebuild``): single-threaded tests leave a core idle, and the first test to need an op
+    waits on torch's build lock instead of building it while the clock runs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folders = {Path(str(item.fspath)).parent.name for item in session.items}
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None or not folders & set(_OP_USERS) or os.environ.get("DS_ACCELERATOR") != "cpu":
+        return
+    repo = Path(__file__).resolve().parents[1]
+    log = Path(root) / "prebuild.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as fh:
+        _prebuild["proc"] = subprocess.Popen([sys.executable, "-m", "worker.prebuild", *_PREBUILT], cwd=repo,
+                                             env={**os.environ, "PYTHONPATH": str(repo)},
+                                             stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A build killed under its lock would leave the lock for the next run to wait on: end it in order."""
+    import subprocess
+
+    proc = _prebuild.pop("proc", None)
+    if not isinstance(proc, subprocess.Popen):
+        return
+    try:
+        proc.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        from pathlib import Path
+
+        from worker._trainlib.extlocks import remove_stale_locks
+
+        proc.kill()
+        proc.wait()
+        remove_stale_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]))

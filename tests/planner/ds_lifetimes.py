@@ -66,6 +66,9 @@ def offloaded_norms(stage: int) -> dict[str, Any]:
 
 
 def main() -> None:
+    from worker._trainlib.extlocks import start_sweeper
+
+    start_sweeper()  # as the trainer does: a build lock a killed run left must not stall this one
     deepspeed.init_distributed(dist_backend="gloo")
     out = {"bucket_elements": BUCKET, "zero1": buckets_and_grads(1), "zero2": buckets_and_grads(2),
            "zero2_offload": offloaded_norms(2), "zero3_offload": offloaded_norms(3)}
