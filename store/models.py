@@ -93,6 +93,8 @@ class Job(Base):
         default=JobStatus.QUEUED,
     )
     priority: Mapped[int] = mapped_column(Integer, default=0)
+    # the model as lists show and filter it: the folder's name, the catalogue name
+    model: Mapped[str | None] = mapped_column(String(255), index=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)
     plan: Mapped[dict[str, Any]] = mapped_column(JSONType)
     # what the trainer made of the dataset: rows and tokens trained, rows truncated and dropped

@@ -121,9 +121,11 @@ def list_jobs(
     after: Annotated[str | None, Query(pattern=r"^job_[0-9a-z]{1,40}$",
                                        description="`next_after` of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    model: Annotated[str | None, Query(min_length=1, max_length=255,
+                                       description="The model as the list shows it.")] = None,
 ) -> JobList:
     return service.list_jobs(session, user, statuses=status, owner=owner, after=after, limit=limit,
-                             settings=settings)
+                             settings=settings, model=model)
 
 
 # one job with its owner's name, as plain columns: a Core row is all that JobRead needs

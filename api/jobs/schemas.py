@@ -48,6 +48,8 @@ class JobSummary(BaseModel):
     owner: str
     status: JobStatus
     priority: int
+    model: str | None = Field(description="The catalogue name or the model folder's name; null where the "
+                              "caller may not read the job's details.")
     num_gpus: int
     planned_peak_gpu_bytes: int | None
     planned_host_bytes: int | None

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session, defer
 
-from api.auth.access import may_read, may_use_dataset
+from api.auth.access import may_read, may_use_dataset, sees_everything
 from api.auth.service import Principal
 from api.errors import (
     Conflict,
@@ -77,8 +77,21 @@ def _failure(job: Job | Row[Any]) -> Failure | None:
     return Failure(kind=job.failure_kind, reason=job.failure_reason, message=job.failure_message)
 
 
+def model_label(spec: JobSpec) -> str | None:
+    """The model as lists show and filter it: the catalogue name, the folder's name, or what a
+    config names."""
+    model = spec.model
+    if model.name:
+        return model.name[:255]
+    if model.path:
+        return model.path.rstrip("/").rsplit("/", 1)[-1][:255] or None
+    config = model.config or {}
+    return str(config.get("_name_or_path") or config.get("model_type") or "")[:255] or None
+
+
 def _summary_fields(job: Job | Row[Any], owner: str) -> dict[str, Any]:
     return dict(id=job.id, name=job.name, owner=owner, status=job.status, priority=job.priority,
+                model=job.model,
                 num_gpus=job.num_gpus, planned_peak_gpu_bytes=job.planned_peak_gpu_bytes,
                 planned_host_bytes=job.planned_host_bytes, progress=_progress(job), failure=_failure(job),
                 created_at=job.created_at, updated_at=job.updated_at, started_at=job.started_at,
@@ -89,7 +102,7 @@ def job_summary(job: Job, owner: str, *, details: bool = True) -> JobSummary:
     """``details`` False: the queue's view of someone else's job, without its progress or failure."""
     fields = _summary_fields(job, owner)
     if not details:
-        fields.update(progress=None, failure=None)
+        fields.update(progress=None, failure=None, model=None)
     return JobSummary(**fields)
 
 
@@ -115,11 +128,11 @@ def job_not_found(job_id: str) -> NotFound:
 
 
 def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus], owner: str | None,
-              after: str | None, limit: int, settings: Settings) -> JobList:
+              after: str | None, limit: int, settings: Settings, model: str | None = None) -> JobList:
     """Newest first; ``after`` is the last id of the previous page (ids sort by creation time).
 
-    Everyone sees the whole queue; the progress and failure of a job are only there for those who
-    may read its details (:func:`api.auth.access.may_read`).
+    Everyone sees the whole queue; the model, progress and failure of a job are only there for those
+    who may read its details (:func:`api.auth.access.may_read`), and ``model`` filters among those.
     """
     query = (select(Job, User.name).join(User, User.id == Job.owner_id)
              .options(defer(Job.spec), defer(Job.plan), defer(Job.eval_result), defer(Job.log_tail))
@@ -132,6 +145,10 @@ def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus
         query = query.where(User.name == owner)
     if after:
         query = query.where(Job.id < after)
+    if model is not None:
+        query = query.where(Job.model == model)
+        if not sees_everything(user, settings):
+            query = query.where(Job.owner_id == user.user_id)
     rows = session.execute(query).all()
     items = [job_summary(job, name, details=may_read(user, job.owner_id, settings))
              for job, name in rows[:limit]]
@@ -303,7 +320,8 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     plan_json = plan.model_dump(mode="json")
     _check_nvme_paths(plan_json, spec, settings)
     task_id = new_task_id()
-    job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, status=JobStatus.QUEUED,
+    job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, model=model_label(spec),
+              status=JobStatus.QUEUED,
               priority=spec.priority, spec=spec.model_dump(mode="json"), plan=plan_json,
               dataset_id=dataset_id, eval_dataset_id=eval_dataset_id, num_gpus=plan.num_gpus,
               celery_task_id=task_id,

@@ -89,6 +89,7 @@ def test_everyone_sees_the_queue_without_anothers_progress_or_failure(pg_env: En
     assert {k: theirs[k] for k in queue} == {k: mine[k] for k in queue}
     assert theirs["id"] == job_id and theirs["owner"] == "alice" and theirs["status"] == "failed"
     assert theirs["progress"] is None and theirs["failure"] is None
+    assert mine["model"] == "small" and theirs["model"] is None
     by_owner = pg_env.client.get("/v1/jobs?owner=alice", headers=pg_env.auth("bob")).json()["items"]
     assert [j["id"] for j in by_owner] == [job_id]
 

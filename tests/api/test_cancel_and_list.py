@@ -49,6 +49,20 @@ def test_list_is_newest_first_and_filters(env: Env) -> None:
     assert env.client.get("/v1/jobs?owner=nobody", headers=env.auth()).json()["items"] == []
 
 
+def test_the_model_filter_keeps_to_the_jobs_whose_details_the_caller_reads(env: Env) -> None:
+    a1, b1, a2 = env.submit("alice"), env.submit("bob"), env.submit("alice")
+    assert a1["model"] == "small"  # the model folder's name
+
+    def ids(who: str, query: str) -> list[str]:
+        return [j["id"] for j in env.client.get(f"/v1/jobs?{query}", headers=env.auth(who)).json()["items"]]
+
+    assert ids("alice", "model=small") == [a2["id"], a1["id"]]  # bob's model is bob's to see
+    assert ids("bob", "model=small") == [b1["id"]]
+    assert ids("root", "model=small") == [a2["id"], b1["id"], a1["id"]]
+    assert ids("root", "model=small&owner=bob") == [b1["id"]]
+    assert ids("root", "model=big") == []
+
+
 def test_pages_have_no_duplicates_or_gaps_while_jobs_arrive(pg_env: Env) -> None:
     env = pg_env
     before = {env.submit()["id"] for _ in range(23)}

@@ -65,3 +65,42 @@ def test_config_works_from_any_directory(tmp_path: Path, monkeypatch: pytest.Mon
     url = f"sqlite:///{tmp_path / 'sub' / 'x.db'}"
     migrations.upgrade(url)  # also creates the folder of the SQLite file
     assert "jobs" in _tables(url)
+
+
+def test_jobs_stored_before_the_model_column_get_their_model(empty_url: str) -> None:
+    from datetime import UTC, datetime
+
+    from sqlalchemy import JSON, MetaData, Table, insert, select
+    from sqlalchemy.dialects import postgresql
+
+    from api.jobs.service import model_label
+    from planner.spec import JobSpec
+
+    migrations.upgrade(empty_url, "0007_job_eval_dataset")
+    models = [{"path": "/models/Qwen2.5-7B/"}, {"name": "meta-llama/Llama-3.1-8B"},
+              {"config": {"model_type": "llama", "hidden_size": 64}}]
+    specs = [{"model": m, "training": {"max_steps": 1}} for m in models]
+    now = datetime.now(UTC)
+    engine = create_engine(empty_url)
+    try:
+        meta = MetaData()
+        users, jobs = (Table(name, meta, autoload_with=engine) for name in ("users", "jobs"))
+        if engine.dialect.name == "sqlite":  # reflected as text there: write JSON as the ORM does
+            jobs.c.spec.type = jobs.c.plan.type = JSON()
+        else:
+            assert isinstance(jobs.c.spec.type, postgresql.JSONB)
+        with engine.begin() as conn:
+            conn.execute(insert(users).values(id="usr_1", name="alice", is_admin=False, created_at=now))
+            for i, spec in enumerate(specs):
+                conn.execute(insert(jobs).values(id=f"job_{i}", owner_id="usr_1", name="j", status="queued",
+                                                 priority=0, spec=spec, plan={}, num_gpus=1, attempt=0,
+                                                 created_at=now, updated_at=now))
+        migrations.upgrade(empty_url)
+        with engine.connect() as conn:
+            after = Table("jobs", MetaData(), autoload_with=conn)
+            got = dict(conn.execute(select(after.c.id, after.c.model)).all())
+    finally:
+        engine.dispose()
+    expected = [model_label(JobSpec.model_validate(spec)) for spec in specs]
+    assert expected == ["Qwen2.5-7B", "meta-llama/Llama-3.1-8B", "llama"]
+    assert [got[f"job_{i}"] for i in range(3)] == expected
