@@ -5,7 +5,9 @@ correction learned from its finished jobs; GET /v1/gpus, GET /v1/calibration, /m
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,13 +18,19 @@ from store.db import session_scope
 from store.ids import new_id
 from store.models import Gpu, Job, User
 from store.states import JobStatus
-from tests.api.conftest import BOX, Env, job_spec, serve_in_thread
+from tests.api.conftest import BOX, Env, build_env, job_spec, serve_in_thread
 from tests.worker.probe_boxes import FAKE_BOX
 from tunebox.cli import main
 from worker.gpus import STEP_TIME_MIN_JOBS
 from worker.probe import probe_box
 
 GiB = 1024**3
+
+
+@pytest.fixture
+def pg_env(pg_url: str, roots: tuple[Path, Path], tmp_path: Path) -> Iterator[Env]:
+    """The API with no GPU rows yet: these tests place the box's cards themselves."""
+    yield from build_env(pg_url, roots, tmp_path, worker=False)
 
 
 def _plan(env: Env) -> dict[str, Any]:
