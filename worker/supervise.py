@@ -33,6 +33,14 @@ from store.models import Checkpoint, Gpu, Job, JobEvent
 from store.states import ACTIVE, IllegalTransition, JobStatus, transition
 from tunebox.settings import Settings
 from worker import launcher, leasing, reconcile
+from worker._trainlib.runfile import (
+    EXIT_CUDA_OOM,
+    EXIT_DISK_FULL,
+    EXIT_HOST_OOM,
+    EXIT_PAUSED,
+    EXIT_USER_ERROR,
+    PAUSE_FILE,
+)
 from worker.gpus import NvmlSampler
 from worker.leasing import Grant
 from worker.progress import LineTail, LogFollower, ProgressRecorder, parse_records, record_eval_metric
@@ -43,11 +51,9 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 STATUS_EVERY_S = 1.0
 SAMPLE_EVERY_S = 2.0
-# exit codes of the training and evaluation processes (worker/_trainlib/runfile.py) → failure
-EXIT_REASONS = {2: ("user_error", "user_error"), 3: ("error", "cuda_oom"), 4: ("error", "host_oom"),
-                5: ("error", "disk_full")}
-EXIT_PAUSED = 6
-PAUSE_FILE = "pause.request"  # worker/_trainlib/runfile.py: the training pauses at its next step
+# exit codes of the training and evaluation processes → failure
+EXIT_REASONS = {EXIT_USER_ERROR: ("user_error", "user_error"), EXIT_CUDA_OOM: ("error", "cuda_oom"),
+                EXIT_HOST_OOM: ("error", "host_oom"), EXIT_DISK_FULL: ("error", "disk_full")}
 
 
 class Watch(StrEnum):

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.dashboard.conftest import DESKTOP, PHONE, TERMINAL, Browser, Service, tiny_spec
 from tests.worker.harness import wait_job
@@ -121,6 +122,17 @@ def test_the_job_page_draws_the_apis_points_and_the_plan(browser: Browser, servi
     assert browser.js("return document.querySelectorAll('[data-action=cancel]').length") == 0  # finished
     browser.screenshot("job")
 
+    # a checkpoint's archive comes from the API with the owner's token, under the API's file name
+    step = checkpoints[0]["step"]
+    browser.js("document.querySelector('[data-download=\"' + arguments[0] + '\"]').click()", str(step))
+    saved = browser.until(
+        lambda: browser.js("return document.querySelector('[data-download=\"' + arguments[0] + '\"]')"
+                           ".dataset.downloaded", str(step)),
+        60,
+        "the checkpoint's archive",
+    )
+    assert saved.endswith(f"step-{step}.tar.gz"), saved
+
 
 _TERMS = {
     "weights_bytes",
@@ -205,7 +217,9 @@ def test_the_live_page_follows_a_running_job_and_its_owner_cancels_it(
     from selenium.webdriver.common.by import By
 
     browser.sign_in(service.tokens["alice"])
-    _plan_form(browser, spec=json.dumps(tiny_spec("tiny-live", 2000, save_steps=10_000, eval_when="none")))
+    # pasted as the YAML file `tunebox submit` reads
+    live = tiny_spec("tiny-live", 2000, save_steps=10_000, eval_when="none")
+    _plan_form(browser, spec=yaml.safe_dump(live))
     assert browser.text("#fits") == "fits"
     browser.driver.find_element(By.ID, "submit-job").click()
     browser.until(
@@ -278,6 +292,20 @@ def test_another_user_sees_the_queue_but_not_the_details(browser: Browser, servi
     browser.open(f"#/jobs/{job_id}", "job", expect_error=True)
     assert "no job" in browser.text("#error")
     assert browser.js("return document.querySelectorAll('[data-action]').length") == 0
+
+
+def test_the_jobs_page_filters_by_model(browser: Browser, service: Service) -> None:
+    browser.sign_in(service.tokens["alice"])
+    everything = api_get(service, "/v1/jobs")["items"]
+    assert {j["model"] for j in everything} == {"tiny"}
+    browser.open("#/jobs?model=tiny", "jobs")
+    rows = browser.js("return [...document.querySelectorAll('#jobs [data-job]')].map(r => r.dataset.job)")
+    assert rows == [j["id"] for j in everything]
+    models = browser.js("return [...document.querySelectorAll('#jobs [data-model]')]"
+                        ".map(c => c.dataset.model)")
+    assert models == ["tiny"] * len(rows)
+    browser.open("#/jobs?model=other", "jobs")
+    assert browser.js("return document.querySelectorAll('#jobs [data-job]').length") == 0
 
 
 @pytest.mark.parametrize("where", ["#/", "#/jobs", "job", "#/plan"])

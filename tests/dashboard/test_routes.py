@@ -14,11 +14,13 @@ def test_the_page_and_its_files_are_served_at_the_root(env: Env) -> None:
     csp = page.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "connect-src 'self'" in csp
     assets = re.findall(r'(?:src|href)="(/dashboard/[^"]+)"', page.text)
-    assert {"/dashboard/app.js", "/dashboard/vendor/uPlot.iife.min.js"} <= set(assets)
+    assert {"/dashboard/app.js", "/dashboard/vendor/uPlot.iife.min.js", "/dashboard/vendor/js-yaml.umd.min.js"
+            } <= set(assets)
     for path in assets:
         res = env.client.get(path)
         assert res.status_code == 200 and len(res.content) > 100, path
     assert env.client.get("/dashboard/vendor/uPlot.LICENSE").text.startswith("The MIT License")
+    assert "MIT" in env.client.get("/dashboard/vendor/js-yaml.LICENSE").text[:200]
     assert env.client.get("/dashboard/../api/app.py").status_code == 404
     assert "/" not in env.client.get("/openapi.json").json()["paths"]
 

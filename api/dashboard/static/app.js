@@ -113,6 +113,35 @@ async function api(path, opts = {}) {
   return data;
 }
 
+/** An archive the API streams (it needs the token, so no plain link): fetched, then saved. */
+async function downloadArchive(button, path) {
+  button.disabled = true;
+  const label = button.textContent;
+  button.textContent = "preparing…";
+  try {
+    const res = await fetch(path, { headers: { Authorization: "Bearer " + token() } });
+    if (!res.ok) {
+      const text = await res.text();
+      let data = {};
+      try { data = JSON.parse(text); } catch (_) { data = { detail: text }; }
+      throw new ApiError(res.status, data);
+    }
+    const name = /filename="([^"]+)"/.exec(res.headers.get("Content-Disposition") || "");
+    const url = URL.createObjectURL(await res.blob());
+    const a = h("a", { href: url, download: name ? name[1] : "checkpoint.tar.gz", hidden: true });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+    button.dataset.downloaded = name ? name[1] : "yes";
+  } catch (err) {
+    showError(err);
+  } finally {
+    button.disabled = false;
+    button.textContent = label;
+  }
+}
+
 async function allPages(path, max = 1000) {
   const items = [];
   let after = null;
@@ -298,11 +327,12 @@ function gpuCard(g) {
 }
 
 function jobTable(items, withStatus = true) {
-  return table([["job"], ["name"], ["owner"], withStatus && ["status"], ["progress"], ["loss", "num"],
+  return table([["job"], ["name"], ["owner"], ["model", "hide-narrow"], withStatus && ["status"], ["progress"], ["loss", "num"],
     ["tokens/s", "num"], ["ETA", "num"], ["GPUs", "num hide-narrow"], ["created", "hide-narrow"]].filter(Boolean),
   items.map((j) => {
     const p = j.progress || {};
     return h("tr", { dataset: { job: j.id } }, h("td", {}, jobLink(j.id)), h("td", {}, j.name), h("td", {}, j.owner),
+      h("td", { class: "hide-narrow", dataset: { model: j.model || "" } }, j.model || "–"),
       withStatus && h("td", {}, statusBadge(j.status)), h("td", {}, progressBar(p.step, p.total_steps)),
       h("td", { class: "num" }, num(p.loss, 4)), h("td", { class: "num" }, num(p.tokens_per_second, 0)),
       h("td", { class: "num" }, TERMINAL.has(j.status) ? "–" : duration(p.eta_seconds)),
@@ -314,6 +344,7 @@ async function jobsPage(params) {
   const main = page("jobs", "Jobs");
   const gen = state.gen;
   const owner = h("input", { name: "owner", value: params.get("owner") || "", placeholder: "anyone, me, or a name" });
+  const model = h("input", { name: "model", value: params.get("model") || "", placeholder: "any" });
   const status = h("select", { name: "status" }, h("option", { value: "" }, "any"),
     h("option", { value: "active" }, "active"),
     STATUSES.map((s) => h("option", { value: s, selected: params.get("status") === s }, s)));
@@ -322,16 +353,19 @@ async function jobsPage(params) {
     e.preventDefault();
     const q = new URLSearchParams();
     if (owner.value.trim()) q.set("owner", owner.value.trim());
+    if (model.value.trim()) q.set("model", model.value.trim());
     if (status.value) q.set("status", status.value);
     location.hash = "#/jobs" + (q.toString() ? "?" + q : "");
   };
   const list = h("div", { id: "jobs" });
   const more = h("button", { type: "button", hidden: true }, "Older jobs");
   main.append(h("h1", {}, "Jobs"), h("form", { class: "filters", onsubmit: apply },
-    h("label", {}, "owner", owner), h("label", {}, "status", status), h("button", { type: "submit" }, "Filter")),
+    h("label", {}, "owner", owner), h("label", {}, "model", model), h("label", {}, "status", status),
+    h("button", { type: "submit" }, "Filter")),
   list, more);
   const q = new URLSearchParams();
   if (params.get("owner")) q.set("owner", params.get("owner"));
+  if (params.get("model")) q.set("model", params.get("model"));
   const st = params.get("status");
   for (const s of st === "active" ? ACTIVE : st ? [st] : []) q.append("status", s);
   let pages = 1;
@@ -416,7 +450,9 @@ async function jobPage(id) {
     ckptBox.replaceChildren(list.items.length ? table([["step", "num"], ["path"], ["size", "num"], ["final"], ["eval"], [""]],
       list.items.map((c) => h("tr", { dataset: { checkpoint: c.id } }, h("td", { class: "num" }, c.step), h("td", { class: "wrap" }, c.path),
         h("td", { class: "num" }, bytes(c.size_bytes)), h("td", {}, c.is_final ? "yes" : ""), h("td", {}, c.eval_status || ""),
-        h("td", {}, c.download_url ? h("a", { href: c.download_url, download: "" }, "download") : ""))))
+        h("td", {}, h("button", { type: "button", class: "link", dataset: { download: c.step },
+          onclick: (e) => downloadArchive(e.target, "/v1/jobs/" + id + "/checkpoints/" + c.step + "/archive") },
+        "download")))))
       : h("p", { class: "muted" }, "No checkpoints yet."));
   };
   await drawCheckpoints();
@@ -511,12 +547,15 @@ async function planPage() {
   const gpuCount = f("gpu_count", { type: "number", min: 1, placeholder: "this box", style: "width:7em" });
   const gpuMem = f("gpu_memory_gib", { type: "number", min: 1, step: "any", placeholder: "this box", style: "width:7em" });
   const hostMem = f("host_memory_gib", { type: "number", min: 1, step: "any", placeholder: "this box", style: "width:7em" });
-  const pasted = h("textarea", { name: "spec", placeholder: "…or paste a whole job spec as JSON (used instead of the fields above)" });
+  const pasted = h("textarea", { name: "spec", placeholder: "…or paste a whole job spec, YAML as `tunebox submit` reads it or JSON (used instead of the fields above)" });
   const out = h("div", { id: "plan-result" });
   let lastSpec = null;
   const specOf = () => {
     if (pasted.value.trim()) {
-      try { return JSON.parse(pasted.value); } catch (e) { throw new Error("the pasted spec is not valid JSON: " + e.message); }
+      let spec;  // YAML 1.2 reads JSON too
+      try { spec = jsyaml.load(pasted.value); } catch (e) { throw new Error("the pasted spec is not valid YAML: " + e.message); }
+      if (spec === null || typeof spec !== "object" || Array.isArray(spec)) throw new Error("the pasted spec is not a mapping of fields");
+      return spec;
     }
     if (!model.value.trim()) throw new Error("model: give a catalogue name or a path");
     const spec = { name: "dashboard-plan", model: { [source.value]: model.value.trim() }, method: method.value,
