@@ -19,6 +19,7 @@ from api.datasets.router import router as datasets_router
 from api.db import THREADS, close_async_reads, open_async_reads, open_database
 from api.errors import document_problems, install_handlers
 from api.gpus.router import router as gpus_router
+from api.jobs.router import queue_router
 from api.jobs.router import router as jobs_router
 from api.jobs.service import Enqueue
 from api.jobs.stream import StreamTiming
@@ -92,8 +93,8 @@ def create_app(
     state.metrics.registry.register(CalibrationCollector(calibration_reader(db.reads)))
     install_handlers(app)
     document_problems(app)
-    for router in (ops_router, plans_router, jobs_router, datasets_router, gpus_router, catalogue_router,
-                   me_router):
+    for router in (ops_router, plans_router, jobs_router, queue_router, datasets_router, gpus_router,
+                   catalogue_router, me_router):
         app.include_router(router)
     install_dashboard(app)
     app.include_router(files_router)

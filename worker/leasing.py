@@ -25,7 +25,7 @@ from sqlalchemy import delete, func, select, update
 
 from store.base import utcnow
 from store.models import Gpu, GpuLease, Job, User
-from store.states import JobStatus
+from store.queue import queued_in_run_order
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -138,10 +138,8 @@ def _cards(session: Session, gpus: list[Gpu]) -> list[_Card]:
 
 def _queue_ahead_of(session: Session, job: Job) -> list[Job]:
     """Queued jobs in start order up to and including ``job``."""
-    stmt = (select(Job).where(Job.status == JobStatus.QUEUED)
-            .order_by(Job.priority.desc(), Job.created_at, Job.id))
     out: list[Job] = []
-    for queued in session.scalars(stmt):
+    for queued in session.scalars(queued_in_run_order()):
         out.append(queued)
         if queued.id == job.id:
             return out

@@ -43,6 +43,7 @@ from api.jobs.schemas import (
     JobUpdate,
     MetricKind,
     MetricSeries,
+    Queue,
 )
 from api.jobs.stream import event_stream
 from store.models import Job, User
@@ -50,6 +51,13 @@ from store.states import JobStatus
 from tunebox.settings import Settings
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+queue_router = APIRouter(tags=["jobs"])
+
+
+@queue_router.get("/v1/queue", summary="The queued jobs in the order they will start")
+def queue(session: SessionDep, user: CurrentUser, settings: SettingsDep,
+          limit: Annotated[int, Query(ge=1, le=1000)] = 200) -> Queue:
+    return service.queue(session, user, settings, limit)
 
 _PROBLEMS: dict[int | str, dict[str, Any]] = {
     code: {"description": text, "content": {"application/problem+json": {}}}

@@ -86,6 +86,13 @@ class JobList(BaseModel):
     next_after: str | None = Field(description="Pass as `after` for the next (older) page; null at the end.")
 
 
+class Queue(BaseModel):
+    """The queued jobs in the order they will start (the order the workers take them in)."""
+
+    items: list[JobSummary]
+    more: int = Field(description="Queued jobs after the last one listed.")
+
+
 class EventRead(BaseModel):
     id: int
     job_id: str

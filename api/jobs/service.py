@@ -35,6 +35,7 @@ from api.jobs.schemas import (
     MetricPointRead,
     MetricSeries,
     Progress,
+    Queue,
 )
 from api.paths import confine
 from api.plans.service import (
@@ -51,6 +52,7 @@ from planner.spec import DataSource, JobSpec
 from store.base import utcnow
 from store.ids import new_id
 from store.models import Checkpoint, Dataset, Job, JobEvent, MetricPoint, User
+from store.queue import queued_in_run_order
 from store.states import IllegalTransition, JobStatus, transition
 from tunebox.settings import Settings
 
@@ -153,6 +155,21 @@ def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus
     items = [job_summary(job, name, details=may_read(user, job.owner_id, settings))
              for job, name in rows[:limit]]
     return JobList(items=items, next_after=items[-1].id if len(rows) > limit else None)
+
+
+def queue(session: Session, user: Principal, settings: Settings, limit: int) -> Queue:
+    """The queued jobs in start order; another's job as the queue shows it (no details)."""
+    rows = session.execute(queued_in_run_order().add_columns(User.name).join(User, User.id == Job.owner_id)
+                           .options(defer(Job.spec), defer(Job.plan), defer(Job.eval_result),
+                                    defer(Job.log_tail))
+                           .limit(limit + 1)).all()
+    items = [job_summary(job, name, details=may_read(user, job.owner_id, settings))
+             for job, name in rows[:limit]]
+    more = 0
+    if len(rows) > limit:
+        total = session.scalar(select(func.count()).select_from(Job).where(Job.status == JobStatus.QUEUED))
+        more = int(total or 0) - limit
+    return Queue(items=items, more=more)
 
 
 # --------------------------------------------------------------------------- submitting

@@ -92,3 +92,26 @@ def test_pages_have_no_duplicates_or_gaps_while_jobs_arrive(pg_env: Env) -> None
     assert before <= set(seen)  # no gaps among the jobs that existed when paging began
     assert seen == sorted(seen, reverse=True)
     assert arrived  # jobs really arrived meanwhile
+
+
+def test_the_queue_is_in_the_order_the_workers_start_jobs(env: Env) -> None:
+    from store.db import session_scope
+    from store.models import Job
+    from worker.leasing import _queue_ahead_of
+
+    low = env.submit("alice", priority=-5)
+    first = env.submit("bob")
+    urgent = env.submit("bob", priority=10)
+    gone = env.submit("alice", priority=50)
+    second = env.submit("alice")
+    env.client.post(f"/v1/jobs/{gone['id']}/cancel", headers=env.auth())
+    queue = env.client.get("/v1/queue", headers=env.auth("alice")).json()
+    order = [j["id"] for j in queue["items"]]
+    assert order == [urgent["id"], first["id"], second["id"], low["id"]] and queue["more"] == 0
+    with session_scope(env.url) as s:  # the order a worker honours when it takes a job's GPUs
+        last = s.get(Job, order[-1])
+        assert [j.id for j in _queue_ahead_of(s, last)] == order
+    theirs = queue["items"][0]
+    assert theirs["owner"] == "bob" and theirs["model"] is None and theirs["progress"] is None
+    page = env.client.get("/v1/queue?limit=2", headers=env.auth("bob")).json()
+    assert [j["id"] for j in page["items"]] == order[:2] and page["more"] == 2

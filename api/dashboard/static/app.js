@@ -284,19 +284,19 @@ async function boxPage() {
   const queueBox = h("div", { id: "queue" });
   main.append(h("h2", {}, "GPUs"), gpusBox, h("h2", {}, "Running"), runBox, h("h2", {}, "Queue (in run order)"), queueBox);
   const draw = async () => {
-    const [gpus, queued, active] = await Promise.all([api("/v1/gpus"),
-      allPages("/v1/jobs?status=queued"), allPages("/v1/jobs?" + ACTIVE.map((s) => "status=" + s).join("&"))]);
+    const [gpus, queue, active] = await Promise.all([api("/v1/gpus"),
+      api("/v1/queue?limit=1000"), allPages("/v1/jobs?" + ACTIVE.map((s) => "status=" + s).join("&"))]);
+    const queued = queue.items;  // in the order the workers start them
     gpusBox.replaceChildren(...(gpus.items.length ? gpus.items.map(gpuCard)
       : [h("p", { class: "muted" }, "No GPUs reported yet: no worker has started on this box.")]));
     runBox.replaceChildren(active.length ? jobTable(active, false) : h("p", { class: "muted" }, "Nothing running."));
-    // the order leasing takes them in: priority, then first come first served
-    queued.sort((a, b) => b.priority - a.priority || a.created_at.localeCompare(b.created_at) || a.id.localeCompare(b.id));
     queueBox.replaceChildren(queued.length ? table(
       [["#", "num"], ["job"], ["name"], ["owner"], ["priority", "num"], ["GPUs", "num"], ["planned peak", "num"], ["waiting", "num"]],
       queued.map((j, i) => h("tr", { dataset: { job: j.id } }, h("td", { class: "num" }, i + 1), h("td", {}, jobLink(j.id)),
         h("td", {}, j.name), h("td", {}, j.owner), h("td", { class: "num" }, j.priority), h("td", { class: "num" }, j.num_gpus),
         h("td", { class: "num" }, bytes(j.planned_peak_gpu_bytes)), h("td", { class: "num" }, duration(since(j.created_at))))),
-      { id: "queue-table" }) : h("p", { class: "muted" }, "The queue is empty."));
+      { id: "queue-table" }) : h("p", { class: "muted" }, "The queue is empty."),
+    ...(queue.more ? [h("p", { class: "muted" }, "…and " + queue.more + " more.")] : []));
     loaded(gen);
   };
   await draw();
