@@ -259,6 +259,62 @@ def cmd_jobs(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def cmd_queue(args: argparse.Namespace, client: Client) -> int:
+    data = client.queue(limit=args.limit)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    if not data["items"]:
+        print("the queue is empty")
+        return 0
+    print(f"{'#':>3} {'ID':<26} {'OWNER':<12} {'PRIORITY':>8} {'GPUS':>4} {'PEAK/GPU':>10}  "
+          f"{'QUEUED SINCE':<20} NAME")
+    for position, job in enumerate(data["items"], 1):
+        print(f"{position:>3} {job['id']:<26} {job['owner'][:12]:<12} {job['priority']:>8} "
+              f"{job['num_gpus']:>4} {fmt_bytes(job['planned_peak_gpu_bytes']):>10}  "
+              f"{job['created_at'][:19]:<20} {job['name']}")
+    if data.get("more"):
+        print(f"(and {data['more']} more: --limit)")
+    return 0
+
+
+def cmd_events(args: argparse.Namespace, client: Client) -> int:
+    events = client.all_events(args.id)
+    if args.json:
+        print(json.dumps(events, indent=2))
+        return 0
+    for e in events:
+        print(f"{e['created_at'][:19]}  {e['kind']:<11} {(e['actor'] or '-')[:20]:<20} {e['message']}")
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace, client: Client) -> int:
+    series = client.metrics(args.id, kind=args.kind)
+    if args.json:
+        print(json.dumps(series, indent=2))
+        return 0
+    print(f"{'STEP':>7} {'EPOCH':>6} {'LOSS':>9} {'LR':>10} {'TOKENS/S':>10} {'GPU PEAK':>10} "
+          f"{'HOST RSS':>10}")
+    for p in series["points"]:
+        print(f"{p['step']:>7} {_num(p['epoch'], '.2f'):>6} {_num(p['loss'], '.4f'):>9} "
+              f"{_num(p['learning_rate'], '.3g'):>10} {_num(p['tokens_per_second'], '.0f'):>10} "
+              f"{fmt_bytes(p['gpu_memory_bytes']):>10} {fmt_bytes(p['host_rss_bytes']):>10}")
+    return 0
+
+
+def cmd_checkpoints(args: argparse.Namespace, client: Client) -> int:
+    data = client.checkpoints(args.id)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{'STEP':>7} {'SIZE':>10} {'FINAL':<5} {'EVAL':<10} {'EVAL LOSS':>9}  PATH")
+    for c in data["items"]:
+        loss = (c.get("eval_result") or {}).get("eval_loss")
+        print(f"{c['step']:>7} {fmt_bytes(c['size_bytes']):>10} {'yes' if c['is_final'] else '':<5} "
+              f"{c['eval_status'] or '-':<10} {_num(loss, '.4f'):>9}  {c['path']}")
+    return 0
+
+
 def _probe_line(box: dict[str, Any]) -> str:
     if box["status"] != "ok":
         return (f"probe of {box['host']}: failed ({box['error']}); plans use the GPU catalogue, "
@@ -614,6 +670,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--tail", type=int, help="only the last N lines")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.set_defaults(client_command=cmd_logs)
+
+    p = sub.add_parser("queue", help="the queued jobs in the order they will start")
+    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(client_command=cmd_queue)
+
+    p = sub.add_parser("events", help="a job's events, oldest first")
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(client_command=cmd_events)
+
+    p = sub.add_parser("metrics", help="a job's recorded steps (loss, learning rate, speed, memory)")
+    p.add_argument("id")
+    p.add_argument("--kind", choices=("train", "eval"), default="train")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(client_command=cmd_metrics)
+
+    p = sub.add_parser("checkpoints", help="a job's checkpoints and their evaluations")
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(client_command=cmd_checkpoints)
 
     p = sub.add_parser("gpus", help="the GPUs, their leases and each box's probe")
     p.add_argument("--json", action="store_true")

@@ -118,6 +118,26 @@ class Client:
         params = {"after": after, "limit": limit}
         return dict(self._request("GET", f"/v1/jobs/{job_id}/events", params=params))
 
+    def all_events(self, job_id: str) -> list[dict[str, Any]]:
+        """Every event of the job so far, oldest first (page after page)."""
+        items: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = self.events(job_id, after=after)
+            items.extend(page["items"])
+            if not page["items"] or page.get("next_after") in (None, after):
+                return items
+            after = int(page["next_after"])
+
+    def metrics(self, job_id: str, *, kind: str = "train") -> dict[str, Any]:
+        return dict(self._request("GET", f"/v1/jobs/{job_id}/metrics", params={"kind": kind}))
+
+    def checkpoints(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("GET", f"/v1/jobs/{job_id}/checkpoints"))
+
+    def queue(self, *, limit: int = 200) -> dict[str, Any]:
+        return dict(self._request("GET", "/v1/queue", params={"limit": limit}))
+
     def logs(self, job_id: str, *, tail: int | None = None, follow: bool = False) -> Iterator[str]:
         """The training log's text as it arrives; with ``follow``, until the job ends."""
         params: dict[str, str | int] = {"follow": "true" if follow else "false"}

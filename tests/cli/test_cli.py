@@ -181,3 +181,38 @@ def test_logs_prints_the_whole_log_or_its_tail(server: Env, tmp_path: Path,
     assert capsys.readouterr().out == "cut mid-line\n"
     assert main(["logs", "job_nosuchjob"]) == 1
     assert "error 404" in capsys.readouterr().err
+
+
+def test_queue_events_metrics_and_checkpoints(server: Env, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from store.ids import new_id
+    from store.models import Checkpoint, MetricPoint
+
+    assert main(["submit", _spec_file(tmp_path)]) == 0
+    first = capsys.readouterr().out.strip().splitlines()[-1]
+    assert main(["submit", _spec_file(tmp_path, priority=5)]) == 0
+    urgent = capsys.readouterr().out.strip().splitlines()[-1]
+    assert main(["queue"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(r[0], r[1]) for r in rows] == [("1", urgent), ("2", first)]  # the start order
+
+    assert main(["events", first]) == 0
+    kinds = [line.split()[1] for line in capsys.readouterr().out.splitlines()]
+    assert kinds[:2] == ["created", "audit"]
+
+    with session_scope(server.url) as s:  # what a worker records as the job trains
+        s.add_all([MetricPoint(job_id=first, kind="train", step=k, loss=2.0 / k, learning_rate=1e-4,
+                               tokens_per_second=900.0, gpu_memory_bytes=3 * 2**30) for k in (1, 2)])
+        s.add(Checkpoint(id=new_id("ckpt"), job_id=first, step=2, path="/jobs/x/checkpoints/step-2",
+                         size_bytes=2**20, is_final=True, eval_status="done",
+                         eval_result={"eval_loss": 0.75}))
+    assert main(["metrics", first]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in lines[1:]] == [["1", "-", "2.0000"], ["2", "-", "1.0000"]]
+    assert "3.0 GiB" in lines[1]
+    assert main(["metrics", first, "--json"]) == 0
+    assert [p["step"] for p in json.loads(capsys.readouterr().out)["points"]] == [1, 2]
+    assert main(["checkpoints", first]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.split()[:6] == ["2", "1.0", "MiB", "yes", "done", "0.7500"]
+    assert main(["events", "job_nope"]) == 1 and "404" in capsys.readouterr().err
