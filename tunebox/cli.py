@@ -315,6 +315,41 @@ def cmd_checkpoints(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def _dataset_line(d: dict[str, Any]) -> str:
+    return (f"{d['id']:<26} {d['owner'][:12]:<12} {d['format']:<8} {d['num_rows']:>8} "
+            f"{fmt_bytes(d['size_bytes']):>10} {'yes' if d['shared'] else 'no':<6} {d['name']}")
+
+
+_DATASET_HEADER = f"{'ID':<26} {'OWNER':<12} {'FORMAT':<8} {'ROWS':>8} {'SIZE':>10} {'SHARED':<6} NAME"
+
+
+def cmd_datasets(args: argparse.Namespace, client: Client) -> int:
+    if args.dataset_command == "upload":
+        made = client.upload_dataset(args.file, name=args.name, fmt=args.format, shared=args.shared)
+        print(made["id"], flush=True)  # alone on standard output, for scripts
+        print(f"{made['num_rows']} {made['format']} rows, {fmt_bytes(made['size_bytes'])}: "
+              f"dataset.id {made['id']} in a job spec", file=sys.stderr)
+        return 0
+    if args.dataset_command == "share":
+        changed = client.update_dataset(args.id, shared=not args.off)
+        print(f"{changed['id']} is {'shared with every user' if changed['shared'] else 'yours alone'}")
+        return 0
+    items, after = [], None
+    while True:
+        page = client.datasets(after=after, limit=200)
+        items += page["items"]
+        after = page.get("next_after")
+        if not after:
+            break
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return 0
+    print(_DATASET_HEADER)
+    for d in items:
+        print(_dataset_line(d))
+    return 0
+
+
 def _probe_line(box: dict[str, Any]) -> str:
     if box["status"] != "ok":
         return (f"probe of {box['host']}: failed ({box['error']}); plans use the GPU catalogue, "
@@ -723,6 +758,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-gib", type=float)
     p.add_argument("--host-memory-gib", type=float)
     p.set_defaults(local_command=cmd_plan)
+
+    p = sub.add_parser("datasets", help="the datasets on the server: list, upload, share")
+    dssub = p.add_subparsers(dest="dataset_command")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(client_command=cmd_datasets, dataset_command="list")
+    up = dssub.add_parser("upload", help="upload a JSON Lines (or JSON array) file; prints its dataset id")
+    up.add_argument("file", type=Path)
+    up.add_argument("--name", help="default: the file's name")
+    up.add_argument("--format", default="auto", help="auto | alpaca | sharegpt | openai | text")
+    up.add_argument("--shared", action="store_true", help="every user may train on it")
+    share = dssub.add_parser("share", help="share a dataset with every user (--off: yours alone again)")
+    share.add_argument("id")
+    share.add_argument("--off", action="store_true")
 
     p = sub.add_parser("dataset", help="datasets, locally (no server)")
     dssub = p.add_subparsers(dest="dataset_command", required=True)

@@ -135,6 +135,23 @@ class Client:
     def checkpoints(self, job_id: str) -> dict[str, Any]:
         return dict(self._request("GET", f"/v1/jobs/{job_id}/checkpoints"))
 
+    def upload_dataset(self, path: Path, *, name: str | None = None, fmt: str = "auto",
+                       shared: bool = False) -> dict[str, Any]:
+        """Stream ``path`` (JSON Lines or a JSON array) to the server, which validates and stores it."""
+        params: dict[str, str] = {"format": fmt, "shared": "true" if shared else "false",
+                                  "name": name or path.name}
+        with path.open("rb") as fh:
+            return dict(self._request("POST", "/v1/datasets", params=params, content=fh))
+
+    def datasets(self, *, after: str | None = None, limit: int = 50) -> dict[str, Any]:
+        params: dict[str, str | int] = {"limit": limit}
+        if after:
+            params["after"] = after
+        return dict(self._request("GET", "/v1/datasets", params=params))
+
+    def update_dataset(self, dataset_id: str, **change: Any) -> dict[str, Any]:
+        return dict(self._request("PATCH", f"/v1/datasets/{dataset_id}", json=change))
+
     def queue(self, *, limit: int = 200) -> dict[str, Any]:
         return dict(self._request("GET", "/v1/queue", params={"limit": limit}))
 

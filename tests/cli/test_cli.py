@@ -216,3 +216,32 @@ def test_queue_events_metrics_and_checkpoints(server: Env, tmp_path: Path,
     line = capsys.readouterr().out.splitlines()[1]
     assert line.split()[:6] == ["2", "1.0", "MiB", "yes", "done", "0.7500"]
     assert main(["events", "job_nope"]) == 1 and "404" in capsys.readouterr().err
+
+
+def test_datasets_upload_list_and_share(server: Env, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.tinydata import write_dataset
+
+    data = write_dataset(tmp_path / "support.jsonl", "alpaca", n=7)
+    assert main(["datasets", "upload", str(data)]) == 0
+    captured = capsys.readouterr()
+    ds_id = captured.out.strip()
+    assert ds_id.startswith("ds_") and "7 alpaca rows" in captured.err
+    assert main(["datasets"]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[0].split()[:3] == ["ID", "OWNER", "FORMAT"]
+    assert listing[1].split()[:4] == [ds_id, "alice", "alpaca", "7"]
+    assert main(["datasets", "share", ds_id]) == 0
+    assert "shared with every user" in capsys.readouterr().out
+    assert main(["datasets", "--json"]) == 0
+    [shown] = json.loads(capsys.readouterr().out)
+    assert shown["id"] == ds_id and shown["shared"] is True and shown["name"] == "support.jsonl"
+    assert main(["datasets", "share", ds_id, "--off"]) == 0 and "yours alone" in capsys.readouterr().out
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"instruction": "q", "output": "a"}\nnot json\n')
+    assert main(["datasets", "upload", str(broken)]) == 1
+    assert "line 2" in capsys.readouterr().err  # the server's check, naming the line
+    submitted = job_spec(dataset={"id": ds_id})
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(submitted))
+    assert main(["submit", str(spec)]) == 0
