@@ -690,66 +690,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=50)
     p.set_defaults(client_command=cmd_jobs)
 
-    p = sub.add_parser("show", help="one job")
-    p.add_argument("id")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(client_command=cmd_show)
+    def server(name: str, command: Any, summary: str, *, job: bool = True, json_flag: bool = False
+               ) -> argparse.ArgumentParser:
+        """A command that asks the server; ``job``: about one job, named by its id."""
+        cmd = sub.add_parser(name, help=summary)
+        if job:
+            cmd.add_argument("id")
+        if json_flag:
+            cmd.add_argument("--json", action="store_true")
+        cmd.set_defaults(client_command=command)
+        return cmd
 
-    p = sub.add_parser("watch", help="live progress until the job ends (exit 0 if it succeeded)")
-    p.add_argument("id")
+    server("show", cmd_show, "one job", json_flag=True)
+    p = server("watch", cmd_watch, "live progress until the job ends (exit 0 if it succeeded)")
     p.add_argument("--interval", type=float, default=2.0)
-    p.set_defaults(client_command=cmd_watch)
-
-    p = sub.add_parser("logs", help="a job's training log")
-    p.add_argument("id")
+    p = server("logs", cmd_logs, "a job's training log")
     p.add_argument("-n", "--tail", type=int, help="only the last N lines")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
-    p.set_defaults(client_command=cmd_logs)
-
-    p = sub.add_parser("queue", help="the queued jobs in the order they will start")
+    p = server("queue", cmd_queue, "the queued jobs in the order they will start", job=False, json_flag=True)
     p.add_argument("--limit", type=int, default=200)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(client_command=cmd_queue)
-
-    p = sub.add_parser("events", help="a job's events, oldest first")
-    p.add_argument("id")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(client_command=cmd_events)
-
-    p = sub.add_parser("metrics", help="a job's recorded steps (loss, learning rate, speed, memory)")
-    p.add_argument("id")
+    server("events", cmd_events, "a job's events, oldest first", json_flag=True)
+    p = server("metrics", cmd_metrics, "a job's recorded steps (loss, learning rate, speed, memory)",
+               json_flag=True)
     p.add_argument("--kind", choices=("train", "eval"), default="train")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(client_command=cmd_metrics)
-
-    p = sub.add_parser("checkpoints", help="a job's checkpoints and their evaluations")
-    p.add_argument("id")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(client_command=cmd_checkpoints)
-
-    p = sub.add_parser("gpus", help="the GPUs, their leases and each box's probe")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(client_command=cmd_gpus)
-
-    p = sub.add_parser("cancel", help="cancel a job")
-    p.add_argument("id")
-    p.set_defaults(client_command=cmd_cancel)
-
-    p = sub.add_parser("export", help="a job's final adapter (or a checkpoint) into DEST; --merge: merged")
-    p.add_argument("id")
+    server("checkpoints", cmd_checkpoints, "a job's checkpoints and their evaluations", json_flag=True)
+    server("gpus", cmd_gpus, "the GPUs, their leases and each box's probe", job=False, json_flag=True)
+    server("cancel", cmd_cancel, "cancel a job")
+    p = server("export", cmd_export, "a job's final adapter (or a checkpoint) into DEST; --merge: merged")
     p.add_argument("dest")
     p.add_argument("--checkpoint", type=int, help="the checkpoint of this step instead of the final adapter")
     p.add_argument("--merge", action="store_true", help="merge the adapter into its base model (bf16)")
     p.add_argument("--base", help="the base model folder; default: the job's model.path")
-    p.set_defaults(client_command=cmd_export)
-
-    p = sub.add_parser("pause", help="pause a running job: it checkpoints at its next step, frees its GPUs")
-    p.add_argument("id")
-    p.set_defaults(client_command=cmd_pause)
-
-    p = sub.add_parser("resume", help="queue a paused job again; it continues from its checkpoint")
-    p.add_argument("id")
-    p.set_defaults(client_command=cmd_resume)
+    server("pause", cmd_pause, "pause a running job: it checkpoints at its next step, frees its GPUs")
+    server("resume", cmd_resume, "queue a paused job again; it continues from its checkpoint")
 
     p = sub.add_parser("plan", help="run the planner locally (no server)")
     p.add_argument("spec")
