@@ -101,8 +101,8 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 # ------------------------------------------------------------------ DeepSpeed's ops, built early
 
-#: the test folders whose runs load DeepSpeed's CPU ops (the planner's lifetimes tests use the CPU Adam)
-_OP_USERS = ("worker_train", "worker", "bench", "openai", "dashboard", "reliability", "planner")
+#: the test folders whose runs load DeepSpeed's CPU ops through the trainer or a worker
+_OP_USERS = ("worker_train", "worker", "bench", "openai", "dashboard", "reliability")
 _PREBUILT = ("cpu_adam", "fused_adam", "cpu_lion")
 _prebuild: dict[str, object] = {}
 
@@ -110,14 +110,16 @@ _prebuild: dict[str, object] = {}
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the CPU ops the collected tests load in the background, as a worker does at start
     (``worker.prebuild``): single-threaded tests leave a core idle, and the first test to need an op
-    waits on torch's build lock instead of building it while the clock runs."""
+    waits on torch's build lock instead of building it while the clock runs. Off with
+    ``TUNEBOX_TEST_PREBUILD=0`` (a run that repeats a few tests many times)."""
     import subprocess
     import sys
     from pathlib import Path
 
     folders = {Path(str(item.fspath)).parent.name for item in session.items}
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root is None or not folders & set(_OP_USERS) or os.environ.get("DS_ACCELERATOR") != "cpu":
+    if (root is None or not folders & set(_OP_USERS) or os.environ.get("DS_ACCELERATOR") != "cpu"
+            or os.environ.get("TUNEBOX_TEST_PREBUILD") == "0"):
         return
     repo = Path(__file__).resolve().parents[1]
     log = Path(root) / "prebuild.log"
@@ -129,19 +131,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """A build killed under its lock would leave the lock for the next run to wait on: end it in order."""
+    """A build still running is stopped, and the build locks it held are removed: a lock left by a
+    killed build would make the next run wait on it."""
     import subprocess
+    from pathlib import Path
 
     proc = _prebuild.pop("proc", None)
-    if not isinstance(proc, subprocess.Popen):
+    if not isinstance(proc, subprocess.Popen) or proc.poll() is not None:
         return
-    try:
-        proc.wait(timeout=600)
-    except subprocess.TimeoutExpired:
-        from pathlib import Path
+    from worker._trainlib.extlocks import held_by
 
-        from worker._trainlib.extlocks import remove_stale_locks
-
-        proc.kill()
-        proc.wait()
-        remove_stale_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
+    locks = held_by(Path(os.environ["TORCH_EXTENSIONS_DIR"]), proc.pid)
+    proc.kill()
+    proc.wait()
+    for lock in locks:
+        lock.unlink(missing_ok=True)

@@ -74,3 +74,20 @@ def test_an_op_held_longer_than_a_load_is_reported_once_with_whose_build_it_is(t
             holder.kill()
             holder.wait()
     assert sorted(reports) == [("cpu_adam", False), ("fused_adam", True)]
+
+
+def test_the_locks_one_process_holds(tmp_path: Path) -> None:
+    theirs = _lock(tmp_path, "cpu_adam", age_s=0)
+    mine = _lock(tmp_path, "fused_adam", age_s=0)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); "
+                               "print('open', flush=True); time.sleep(60)", str(theirs)],
+                              stdout=subprocess.PIPE, text=True)
+    with mine.open():
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+            assert extlocks.held_by(tmp_path, holder.pid) == [theirs]
+            assert extlocks.held_by(tmp_path, os.getpid()) == [mine]
+        finally:
+            holder.kill()
+            holder.wait()
+    assert extlocks.held_by(tmp_path, holder.pid) == []

@@ -71,6 +71,12 @@ def _aged(root: Path, min_age_s: float) -> dict[str, Path]:
     return old
 
 
+def held_by(root: Path, pid: int) -> list[Path]:
+    """The build locks under ``root`` that process ``pid`` holds open."""
+    locks = {str(lock.resolve()): lock for lock in _locks(root)}
+    return [locks[path] for path, pids in _lock_holders(set(locks)).items() if pid in pids]
+
+
 def builds(root: Path) -> dict[str, bool]:
     """The ops being built under ``root`` now: op name -> whether this process builds it (else it
     is another process's build, which this one waits for if it needs the op)."""
