@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from planner.constants import GIB
 from planner.evaluation import EvalMemory
 from planner.memory import ModelFacts
 from planner.models import Note
@@ -22,7 +23,6 @@ from planner.setup import Setup
 
 __all__ = ["Context", "advise", "warn"]
 
-GIB = 1024**3
 _LADDER_GAP = 0.30
 
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from planner.advice import Context, advise, warn
 from planner.arch import Arch, arch_from_config
 from planner.catalogue import lookup
+from planner.constants import GIB
 from planner.dsconfig import _INT_KNOBS as INT_KNOB_FIELDS
 from planner.dsconfig import PinnedDeepSpeed, build_deepspeed_config, parse_pinned
 from planner.errors import PlanError
@@ -370,7 +371,6 @@ def prepare_method(p: Prepared, method: str) -> ModelFacts:
 # --- output -------------------------------------------------------------------------------------------
 
 
-GIB = 1024**3
 
 
 def _kind(changes: Mapping[str, object]) -> str:

@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any, Literal
 
 from planner import constants as C
+from planner.constants import GIB
 from planner.errors import PlanError
 from planner.models import HardwareFigure, PlannedHardware
 from planner.spec import HardwareSpec
@@ -37,7 +38,6 @@ __all__ = [
 #: Where a hardware figure of a plan came from.
 Source = Literal["spec", "probe", "setting", "learned", "catalogue", "default"]
 
-GIB = 1024**3
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-GIB = 2**30
+from planner.constants import GIB
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from api.plans.service import (
 )
 from api.workers import no_worker
 from planner import Plan
+from planner.constants import GIB
 from planner.spec import DataSource, JobSpec
 from store.base import utcnow
 from store.ids import new_id
@@ -263,9 +264,6 @@ def _check_nvme_paths(plan_json: dict[str, Any], spec: JobSpec, settings: Settin
         else:
             field = f"resources.{target}"
         confine(str(block.get("nvme_path") or ""), roots, field)
-
-
-GIB = 1024**3
 
 
 def _gib(n: object) -> str:
