@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -91,10 +91,16 @@ async def _send_415(scope: Scope, send: Send, encoding: str) -> None:
     await _send_problem(send, body, [(b"accept-encoding", b"identity")])  # RFC 7694
 
 
-async def _send_problem(send: Send, body: dict[str, object], headers: list[tuple[bytes, bytes]]) -> None:
+async def _send_problem(send: Send, body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> None:
+    await _send_json(send, body["status"], body, PROBLEM_MEDIA_TYPE, headers)
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any], media_type: str,
+                     headers: list[tuple[bytes, bytes]]) -> None:
+    """An answer sent before the app read the request's body: the connection is closed after it."""
     raw = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": body["status"],
-                "headers": [(b"content-type", PROBLEM_MEDIA_TYPE.encode()),
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", media_type.encode()),
                             (b"content-length", str(len(raw)).encode()), (b"connection", b"close"),
                             *headers]})
     await send({"type": "http.response.body", "body": raw})
@@ -138,11 +144,7 @@ async def _send_nul_refusal(scope: Scope, send: Send, field: str) -> None:
     path = str(scope.get("path", ""))
     if path.startswith(OPENAI_PREFIXES):
         status, body = error_body(error)
-        raw = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(raw)).encode())]})
-        await send({"type": "http.response.body", "body": raw})
+        await _send_json(send, status, body, "application/json", [])
         return
     await _send_problem(send, problem_body_of(error, instance=path.replace("\x00", "")), [])
 

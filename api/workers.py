@@ -16,14 +16,11 @@ from tunebox.settings import Settings
 MISSED_REFRESHES = 3
 
 
-def silence_s(settings: Settings) -> float:
-    return MISSED_REFRESHES * settings.inventory_interval_s
-
-
 def no_worker(session: Session, settings: Settings) -> str | None:
     """Why no worker is consuming the queue, or None while one reported recently."""
     last = session.scalar(select(func.max(Gpu.updated_at)))
-    if last is not None and utcnow() - last <= timedelta(seconds=silence_s(settings)):
+    silence = timedelta(seconds=MISSED_REFRESHES * settings.inventory_interval_s)
+    if last is not None and utcnow() - last <= silence:
         return None
     since = ("no worker has reported yet" if last is None
              else f"no worker has reported since {last:%Y-%m-%d %H:%M:%S} UTC")

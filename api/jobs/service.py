@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row, Select, func, select
 from sqlalchemy.orm import Session, defer
 
 from api.auth.access import may_read, may_use_dataset, sees_everything
@@ -130,6 +130,12 @@ def job_not_found(job_id: str) -> NotFound:
     return NotFound(f"no job {job_id}", errors=[FieldError("job_id", "no such job")])
 
 
+def _summaries(jobs: Select[tuple[Job]]) -> Select[tuple[Job, str]]:
+    """``jobs`` with their owner's name, without the large columns a summary does not show."""
+    return (jobs.add_columns(User.name).join(User, User.id == Job.owner_id)
+            .options(defer(Job.spec), defer(Job.plan), defer(Job.eval_result), defer(Job.log_tail)))
+
+
 def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus], owner: str | None,
               after: str | None, limit: int, settings: Settings, model: str | None = None) -> JobList:
     """Newest first; ``after`` is the last id of the previous page (ids sort by creation time).
@@ -137,9 +143,7 @@ def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus
     Everyone sees the whole queue; the model, progress and failure of a job are only there for those
     who may read its details (:func:`api.auth.access.may_read`), and ``model`` filters among those.
     """
-    query = (select(Job, User.name).join(User, User.id == Job.owner_id)
-             .options(defer(Job.spec), defer(Job.plan), defer(Job.eval_result), defer(Job.log_tail))
-             .order_by(Job.id.desc()).limit(limit + 1))
+    query = _summaries(select(Job)).order_by(Job.id.desc()).limit(limit + 1)
     if statuses:
         query = query.where(Job.status.in_([s.value for s in statuses]))
     if owner == "me":
@@ -160,10 +164,7 @@ def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus
 
 def queue(session: Session, user: Principal, settings: Settings, limit: int) -> Queue:
     """The queued jobs in start order; another's job as the queue shows it (no details)."""
-    rows = session.execute(queued_in_run_order().add_columns(User.name).join(User, User.id == Job.owner_id)
-                           .options(defer(Job.spec), defer(Job.plan), defer(Job.eval_result),
-                                    defer(Job.log_tail))
-                           .limit(limit + 1)).all()
+    rows = session.execute(_summaries(queued_in_run_order()).limit(limit + 1)).all()
     items = [job_summary(job, name, details=may_read(user, job.owner_id, settings))
              for job, name in rows[:limit]]
     more = 0
