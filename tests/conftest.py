@@ -112,8 +112,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     (``worker.prebuild``): single-threaded tests leave a core idle, and the first test to need an op
     waits on torch's build lock instead of building it while the clock runs. Off with
     ``TUNEBOX_TEST_PREBUILD=0`` (a run that repeats a few tests many times)."""
-    import subprocess
-    import sys
     from pathlib import Path
 
     folders = {Path(str(item.fspath)).parent.name for item in session.items}
@@ -121,13 +119,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if (root is None or not folders & set(_OP_USERS) or os.environ.get("DS_ACCELERATOR") != "cpu"
             or os.environ.get("TUNEBOX_TEST_PREBUILD") == "0"):
         return
-    repo = Path(__file__).resolve().parents[1]
-    log = Path(root) / "prebuild.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as fh:
-        _prebuild["proc"] = subprocess.Popen([sys.executable, "-m", "worker.prebuild", *_PREBUILT], cwd=repo,
-                                             env={**os.environ, "PYTHONPATH": str(repo)},
-                                             stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT)
+    from tunebox.settings import Settings
+    from worker.launcher import start_prebuild
+
+    # as a worker on a CPU box starts it: its log is ROOT/prebuild.log
+    _prebuild["proc"] = start_prebuild(Settings(data_dir=Path(root), torch_extensions_dir=Path(root),
+                                                prebuild_ops=list(_PREBUILT)), "cpu")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -15,6 +15,7 @@ import logging
 import shutil
 import socket
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -88,9 +89,18 @@ def local_inventory(settings: Settings) -> list[GpuInfo]:
     return [_limited(g, limit) for g in gpus] if limit else gpus
 
 
+#: the uuid prefix of the settings' CPU stand-ins for cards
+STAND_IN_UUID = "cpu-"
+
+
+def device_of_uuids(uuids: Iterable[str]) -> str:
+    """``cpu`` where every card is a settings stand-in (the CPU trains), else ``cuda``."""
+    return "cpu" if all(u.startswith(STAND_IN_UUID) for u in uuids) else "cuda"
+
+
 def box_device(settings: Settings) -> str:
     """``cuda`` where NVML sees GPUs on this host, else ``cpu`` (the settings' stand-ins)."""
-    return "cpu" if all(g.uuid.startswith("cpu-") for g in local_inventory(settings)) else "cuda"
+    return device_of_uuids(g.uuid for g in local_inventory(settings))
 
 
 def _limited(info: GpuInfo, limit: int) -> GpuInfo:
@@ -107,7 +117,7 @@ def _limited(info: GpuInfo, limit: int) -> GpuInfo:
 def _settings_inventory(settings: Settings) -> list[GpuInfo]:
     count = settings.gpu_count or 0
     memory = settings.gpu_memory_bytes or _host_memory_bytes(settings)
-    return [GpuInfo(index=i, uuid=f"cpu-{i}", name="cpu", memory_total_bytes=memory,
+    return [GpuInfo(index=i, uuid=f"{STAND_IN_UUID}{i}", name="cpu", memory_total_bytes=memory,
                     memory_free_bytes=memory) for i in range(count)]
 
 

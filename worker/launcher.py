@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from worker.gpus import device_of_uuids
 from worker.leasing import Grant
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def owner_tag(settings: Settings, host: str) -> str:
 
 
 def device_of(grant: Grant) -> str:
-    return "cpu" if all(u.startswith("cpu-") for u in grant.uuids) else "cuda"
+    return device_of_uuids(grant.uuids)
 
 
 def build_run_file(session: Session, job: Job, grant: Grant, settings: Settings) -> dict[str, Any]:

@@ -139,8 +139,16 @@ def _start_housekeeping(**_: Any) -> None:
     threading.Thread(target=Housekeeping._safely, args=(lambda: probe_box(settings),),
                      name="tunebox-box-probe", daemon=True).start()
     # the first job then loads DeepSpeed's ops rather than waiting for their build
-    Housekeeping._safely(lambda: start_prebuild(settings, box_device(settings)))
+    threading.Thread(target=Housekeeping._safely, args=(lambda: _prebuild(settings),),
+                     name="tunebox-op-prebuild", daemon=True).start()
     _housekeeping = keeper
+
+
+def _prebuild(settings: Settings) -> None:
+    proc = start_prebuild(settings, box_device(settings))
+    if proc is not None and proc.wait() != 0:  # waited for, so the worker reaps it
+        log.warning("building DeepSpeed's ops failed (exit %s): see %s", proc.returncode,
+                    settings.data_dir / "prebuild.log")
 
 
 @worker_shutdown.connect
