@@ -315,14 +315,6 @@ def cmd_checkpoints(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def _dataset_line(d: dict[str, Any]) -> str:
-    return (f"{d['id']:<26} {d['owner'][:12]:<12} {d['format']:<8} {d['num_rows']:>8} "
-            f"{fmt_bytes(d['size_bytes']):>10} {'yes' if d['shared'] else 'no':<6} {d['name']}")
-
-
-_DATASET_HEADER = f"{'ID':<26} {'OWNER':<12} {'FORMAT':<8} {'ROWS':>8} {'SIZE':>10} {'SHARED':<6} NAME"
-
-
 def cmd_datasets(args: argparse.Namespace, client: Client) -> int:
     if args.dataset_command == "upload":
         made = client.upload_dataset(args.file, name=args.name, fmt=args.format, shared=args.shared)
@@ -334,19 +326,14 @@ def cmd_datasets(args: argparse.Namespace, client: Client) -> int:
         changed = client.update_dataset(args.id, shared=not args.off)
         print(f"{changed['id']} is {'shared with every user' if changed['shared'] else 'yours alone'}")
         return 0
-    items, after = [], None
-    while True:
-        page = client.datasets(after=after, limit=200)
-        items += page["items"]
-        after = page.get("next_after")
-        if not after:
-            break
+    items = client.all_datasets()
     if args.json:
         print(json.dumps(items, indent=2))
         return 0
-    print(_DATASET_HEADER)
+    print(f"{'ID':<26} {'OWNER':<12} {'FORMAT':<8} {'ROWS':>8} {'SIZE':>10} {'SHARED':<6} NAME")
     for d in items:
-        print(_dataset_line(d))
+        print(f"{d['id']:<26} {d['owner'][:12]:<12} {d['format']:<8} {d['num_rows']:>8} "
+              f"{fmt_bytes(d['size_bytes']):>10} {'yes' if d['shared'] else 'no':<6} {d['name']}")
     return 0
 
 

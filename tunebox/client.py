@@ -119,15 +119,19 @@ class Client:
         return dict(self._request("GET", f"/v1/jobs/{job_id}/events", params=params))
 
     def all_events(self, job_id: str) -> list[dict[str, Any]]:
-        """Every event of the job so far, oldest first (page after page)."""
+        """Every event of the job so far, oldest first."""
+        return self._every(f"/v1/jobs/{job_id}/events", after=0)
+
+    def _every(self, path: str, *, after: str | int | None = None) -> list[dict[str, Any]]:
+        """The items of every page of a list route that pages with ``after`` / ``next_after``."""
         items: list[dict[str, Any]] = []
-        after = 0
         while True:
-            page = self.events(job_id, after=after)
+            params: dict[str, str | int] = {"limit": 200} if after is None else {"limit": 200, "after": after}
+            page = self._request("GET", path, params=params)
             items.extend(page["items"])
             if not page["items"] or page.get("next_after") in (None, after):
                 return items
-            after = int(page["next_after"])
+            after = page["next_after"]
 
     def metrics(self, job_id: str, *, kind: str = "train") -> dict[str, Any]:
         return dict(self._request("GET", f"/v1/jobs/{job_id}/metrics", params={"kind": kind}))
@@ -143,11 +147,9 @@ class Client:
         with path.open("rb") as fh:
             return dict(self._request("POST", "/v1/datasets", params=params, content=fh))
 
-    def datasets(self, *, after: str | None = None, limit: int = 50) -> dict[str, Any]:
-        params: dict[str, str | int] = {"limit": limit}
-        if after:
-            params["after"] = after
-        return dict(self._request("GET", "/v1/datasets", params=params))
+    def all_datasets(self) -> list[dict[str, Any]]:
+        """Every dataset the token may list, newest first."""
+        return self._every("/v1/datasets")
 
     def update_dataset(self, dataset_id: str, **change: Any) -> dict[str, Any]:
         return dict(self._request("PATCH", f"/v1/datasets/{dataset_id}", json=change))
