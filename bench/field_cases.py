@@ -44,6 +44,7 @@ AUTO = {"num_gpus": "auto", "zero_stage": "auto", "offload_optimizer": "auto", "
 #: the field report's headline configuration: ZeRO-3, optimizer and parameters on the CPU
 FIELD_REPORT = {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}
 ONE_GPU = {"num_gpus": 1, "offload_optimizer": "none", "offload_param": "none"}
+Z0 = ONE_GPU | {"zero_stage": 0}
 
 
 def job(name: str, model: str, method: str, resources: dict[str, Any], *, seq_len: int = 1024,
@@ -150,9 +151,48 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-mistral7b-z3-offload-s2048", "mistral-7b-v0.3", "lora", FIELD_REPORT, seq_len=2048,
             micro=1, accumulation=1, checkpointing=True, targets=["q_proj", "k_proj", "v_proj", "o_proj"]),
     ]),
+    # QLoRA's step time across sizes, tokens per micro-step and checkpointing, with a LoRA twin of one
+    "qlora-steps": (None, [
+        job("qlora-0.5b-s2048-mb8", "qwen2.5-0.5b", "qlora", Z0, seq_len=2048, micro=8, accumulation=1,
+            checkpointing=True),
+        job("qlora-1.5b-s512-mb1-nockpt", "qwen2.5-1.5b", "qlora", Z0, seq_len=512, micro=1, accumulation=1,
+            checkpointing=False),
+        job("qlora-1.5b-s2048-mb4", "qwen2.5-1.5b", "qlora", Z0, seq_len=2048, micro=4, accumulation=1,
+            checkpointing=True),
+        job("qlora-llama3b-s1024-mb2", "llama-3.2-3b", "qlora", Z0, micro=2, accumulation=1,
+            checkpointing=True),
+        job("qlora-7b-s512-mb1-nockpt", "qwen2.5-7b", "qlora", Z0, seq_len=512, micro=1, accumulation=1,
+            checkpointing=False),
+        job("qlora-7b-s4096-mb1", "qwen2.5-7b", "qlora", Z0, seq_len=4096, micro=1, accumulation=1,
+            checkpointing=True),
+        job("qlora-7b-s1024-mb8", "qwen2.5-7b", "qlora", Z0, micro=8, accumulation=1, checkpointing=True),
+        job("qlora-mistral7b-z2-s1024-mb2", "mistral-7b-v0.3", "qlora", ONE_GPU | {"zero_stage": 2}, micro=2,
+            accumulation=1, checkpointing=True),
+        job("lora-7b-s1024-mb1", "qwen2.5-7b", "lora", Z0, micro=1, accumulation=1, checkpointing=True),
+    ]),
+    # configurations no QLoRA step-time record has, for the planner that qlora-steps shaped
+    "qlora-steps-heldout": (None, [
+        job("qlora-gemma2-2b-s2048-mb2", "gemma-2-2b", "qlora", Z0, seq_len=2048, micro=2, accumulation=1,
+            checkpointing=True),
+        job("qlora-3b-z1-s1024-mb4", "qwen2.5-3b", "qlora", ONE_GPU | {"zero_stage": 1}, micro=4,
+            accumulation=1, checkpointing=True),
+        job("qlora-llama1b-s4096-mb2-nockpt", "llama-3.2-1b", "qlora", Z0, seq_len=4096, micro=2,
+            accumulation=1, checkpointing=False),
+        job("qlora-7b-s8192-mb1", "qwen2.5-7b", "qlora", Z0, seq_len=8192, micro=1, accumulation=1,
+            checkpointing=True),
+        job("qlora-0.5b-s512-mb16-nockpt", "qwen2.5-0.5b", "qlora", Z0, seq_len=512, micro=16, accumulation=1,
+            checkpointing=False),
+        job("qlora-llama8b-s2048-mb2x2", "llama-3.1-8b", "qlora", Z0, seq_len=2048, micro=2, accumulation=2,
+            checkpointing=True),
+        job("qlora-1.5b-z2-s1024-mb8-qv", "qwen2.5-1.5b", "qlora", ONE_GPU | {"zero_stage": 2}, micro=8,
+            accumulation=1, checkpointing=True, targets=["q_proj", "v_proj"]),
+        job("qlora-7b-s2048-mb2-adamw8bit", "qwen2.5-7b", "qlora", Z0, seq_len=2048, micro=2, accumulation=1,
+            checkpointing=True, optimizer="adamw_8bit"),
+    ]),
 }
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
-SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40"}
+SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
+              "qlora-steps-heldout"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

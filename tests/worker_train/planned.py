@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +16,7 @@ from unittest import mock
 from planner import plan
 from planner.spec import HardwareSpec
 from store.models import Job
-from tests.worker_train.conftest import LORA_TARGETS, TORCH_EXT
+from tests.worker_train.conftest import LORA_TARGETS, REPO, TORCH_EXT
 from tunebox.settings import Settings
 from worker import launcher
 from worker.leasing import Grant
@@ -109,6 +111,38 @@ def train(job_dir: Path, cards: int, cfg: Settings, timeout: float = 420) -> int
     finally:
         launcher.terminate(group, 5)
     return code
+
+
+def gpu_grant(uuids: list[str]) -> Grant:
+    """What the leasing hands a job on a box of real cards with these NVML uuids."""
+    return Grant(gpu_ids=tuple(range(1, len(uuids) + 1)), indices=tuple(range(len(uuids))),
+                 uuids=tuple(uuids), exclusive=True)
+
+
+def nvml_uuids() -> list[str]:
+    """The box's NVIDIA cards as NVML lists them; skips the test where there are none."""
+    import pytest
+
+    from worker import gpus
+
+    found = gpus._nvml_inventory()
+    if not found:
+        pytest.skip("no NVIDIA GPU visible to NVML")
+    return [g.uuid for g in found]
+
+
+def train_alone(job_dir: Path, grant: Grant, spec: dict[str, Any], *,
+                env_changes: dict[str, str] | None = None, timeout: float = 300, **run_changes: Any) -> int:
+    """One training rank with the run file and environment the worker gives it for ``grant``."""
+    cfg = settings(job_dir.parent / "data")
+    run = launcher.build_run_file(None, planned_job(spec, len(grant.uuids)), grant, cfg)  # type: ignore[arg-type]
+    launcher.write_run_file(job_dir, {**run, **run_changes})
+    env = launcher.rank_env(launcher.base_env(grant, cfg, launcher.RunId("job_test", 1, "tests"), "train"),
+                            0, 1, launcher.free_port())
+    env.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env_changes or {})})
+    done = subprocess.run([sys.executable, "-m", "worker.train", "--job-dir", str(job_dir)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    return done.returncode
 
 
 def log_tail(job_dir: Path, chars: int = 4000) -> str:

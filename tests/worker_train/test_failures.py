@@ -14,8 +14,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +28,9 @@ from tests.worker.conftest import db_url  # noqa: F401  (a migrated Postgres dat
 from tests.worker.factories import make_job, make_user
 from tests.worker.harness import WorkerProcess, job_row, send, wait_for, wait_status, worker_env
 from tests.worker_train import planned
-from tests.worker_train.conftest import LORA_TARGETS, REPO, TORCH_EXT
+from tests.worker_train.conftest import LORA_TARGETS, TORCH_EXT
 from tests.worker_train.planned import Mode, spec_of
 from worker import launcher
-from worker.leasing import Grant
 from worker.supervise import read_failure
 
 pytestmark = pytest.mark.slow
@@ -156,54 +153,25 @@ def test_an_evaluation_that_crashes_fails_the_evaluation_by_its_exit_code_not_th
 # ------------------------------------------------------------------ the training process alone
 
 
-def _gpu_grant(uuids: list[str]) -> Grant:
-    return Grant(gpu_ids=tuple(range(1, len(uuids) + 1)), indices=tuple(range(len(uuids))),
-                 uuids=tuple(uuids), exclusive=True)
-
-
-def _train_as_the_worker_does(job_dir: Path, grant: Grant, spec: dict[str, Any], *,
-                              env_changes: dict[str, str] | None = None, **run_changes: Any) -> int:
-    """The training process with the run file and environment the worker gives it for ``grant``."""
-    cfg = planned.settings(job_dir.parent / "data")
-    run = launcher.build_run_file(None, planned.planned_job(spec, len(grant.uuids)), grant,  # type: ignore[arg-type]
-                                  cfg)
-    launcher.write_run_file(job_dir, {**run, **run_changes})
-    env = launcher.rank_env(launcher.base_env(grant, cfg, launcher.RunId("job_test", 1, "tests"), "train"),
-                            0, 1, launcher.free_port())
-    env.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env_changes or {})})
-    done = subprocess.run([sys.executable, "-m", "worker.train", "--job-dir", str(job_dir)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)
-    return done.returncode
-
-
 def test_a_cuda_plan_where_torch_sees_no_gpu_is_no_gpu(tmp_path: Path, tiny_model: Path, data: Path) -> None:
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("torch sees a GPU here")
-    grant = _gpu_grant([OTHER_CARD])  # a card the box's NVML listed
-    code = _train_as_the_worker_does(tmp_path / "job", grant, spec_of(LORA, tiny_model, data))
+    grant = planned.gpu_grant([OTHER_CARD])  # a card the box's NVML listed
+    code = planned.train_alone(tmp_path / "job", grant, spec_of(LORA, tiny_model, data))
     failure = read_failure(tmp_path / "job" / "failure.json")
     assert failure is not None and (failure.kind, failure.reason) == ("error", "no_gpu")
     assert code == 1
 
 
-def _nvml_uuids() -> list[str]:
-    from worker import gpus
-
-    found = gpus._nvml_inventory()
-    if not found:
-        pytest.skip("no NVIDIA GPU visible to NVML")
-    return [g.uuid for g in found]
-
-
 @pytest.mark.gpu
 def test_a_leased_card_other_than_the_visible_one_is_gpu_mismatch(tmp_path: Path, tiny_model: Path,
                                                                    data: Path) -> None:
-    grant = _gpu_grant(_nvml_uuids()[:1])
+    grant = planned.gpu_grant(planned.nvml_uuids()[:1])
     spec = spec_of(LORA, tiny_model, data)
-    assert _train_as_the_worker_does(tmp_path / "leased", grant, spec) == 0  # the card it was leased
-    code = _train_as_the_worker_does(tmp_path / "other", grant, spec,
+    assert planned.train_alone(tmp_path / "leased", grant, spec) == 0  # the card it was leased
+    code = planned.train_alone(tmp_path / "other", grant, spec,
                                      env_changes={"TUNEBOX_EXPECTED_GPU_UUIDS": OTHER_CARD})
     failure = read_failure(tmp_path / "other" / "failure.json")
     assert failure is not None and (failure.kind, failure.reason) == ("error", "gpu_mismatch")
@@ -213,10 +181,10 @@ def test_a_leased_card_other_than_the_visible_one_is_gpu_mismatch(tmp_path: Path
 @pytest.mark.gpu
 def test_a_run_past_its_allocator_limit_is_cuda_oom_with_its_figures(tmp_path: Path, tiny_model: Path,
                                                                      data: Path) -> None:
-    grant = _gpu_grant(_nvml_uuids()[:1])
+    grant = planned.gpu_grant(planned.nvml_uuids()[:1])
     limit = 2**20  # below the allocator's smallest segment (2 MiB): the first tensor on the card is past it
     spec = spec_of(Mode(0, "fp32", "adamw", "full", 1e-3, steps=2), tiny_model, data)
-    code = _train_as_the_worker_does(tmp_path / "job", grant, spec, gpu_memory_limit_bytes=limit)
+    code = planned.train_alone(tmp_path / "job", grant, spec, gpu_memory_limit_bytes=limit)
     raw = json.loads((tmp_path / "job" / "failure.json").read_text())
     assert (raw["kind"], raw["reason"], code) == ("error", "cuda_oom", 3)
     assert raw["data"]["gpu_memory_limit_bytes"] == limit
