@@ -20,8 +20,8 @@ supported family, and holds these within a few percent):
   attention logits 3 and 6 more;
 - a LoRA adapter in the model's dtype (DeepSpeed's bf16 engine casts peft's fp32 adapters): forward
   7 (dropout's mask and scale, A, B, scaling, the add), backward 7; without dropout 4 and 6;
-- a 4-bit QLoRA weight, dequantized in the forward and again in the backward (bitsandbytes'
-  ``MatMul4Bit``; with double quantization the absmax first): 3 more each.
+- a 4-bit QLoRA weight counts as a projection: what bitsandbytes' dequantization costs the host is
+  charged per call by ``planner/speed.py``, as measured (``bench/qlora_kernels.py``), not as operations.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ _EAGER_ATTENTION = (9, 10)
 _ATTENTION_SOFTCAP = (3, 6)
 _ADAPTER = (7, 7)
 _ADAPTER_NO_DROPOUT = (4, 6)
-_DEQUANTIZE = (3, 3)
 
 #: Modules a decoder layer runs besides its norms and linears: the layer, attention, MLP, activation.
 _LAYER_MODULES = 4
@@ -87,9 +86,6 @@ def layer_ops(arch: Arch, method: str, lora: LoraTargets | None, attn_implementa
         parts = _parts(lin.name)
         forward += parts
         backward += parts * (2 if full else 1) + (1 if full and lin.bias else 0)
-    if method == "qlora":
-        forward += len(arch.linears) * _DEQUANTIZE[0]
-        backward += len(arch.linears) * _DEQUANTIZE[1]
     if lora is not None:
         adapter = _ADAPTER if lora.dropout > 0 else _ADAPTER_NO_DROPOUT
         forward += len(lora.layer_linears) * adapter[0]

@@ -98,6 +98,9 @@ class SpeedConstants:
     step_tensor_s: float = C.OPTIMIZER_STEP_TENSOR_SECONDS
     host_clock_exponent: float = C.HOST_CLOCK_EXPONENT
     clock_overlap_zero12: float = C.CLOCK_OVERLAP_ZERO12
+    #: measured, not fitted: a 4-bit linear's host time per forward and per backward pass
+    qlora_forward_s: float = C.QLORA_LINEAR_FORWARD_HOST_S
+    qlora_backward_s: float = C.QLORA_LINEAR_BACKWARD_HOST_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,8 @@ class StepTerms:
     accumulation: int
     gpu_seconds_at_full_rate: float  # one micro-step's FLOPs at 100% of the GPU's rate
     layer_ops: int  # operations the decoder layers dispatch in one micro-step (planner/ops.py)
+    quantized_forwards: int  # 4-bit linears' forward calls in one micro-step (QLoRA; 0 otherwise)
+    quantized_backwards: int  # and their backward calls
     zero3_fetch_passes: int  # modules whose parameters ZeRO-3 gathers × passes (0 without ZeRO-3)
     zero3_hook_passes: int  # the other modules ZeRO-3 hooks × passes (0 without ZeRO-3)
     zero3_collective_passes: int  # the gathering passes, when ZeRO-3 spans several GPUs
@@ -155,11 +160,15 @@ def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, f
     """(seconds at 100% of the rate, FLOPs) of one micro-step."""
     fwd, bwd = _flops_per_token(facts, s)
     flops = (fwd * (2 if s.gradient_checkpointing else 1) + bwd) * s.tokens_per_micro_batch
-    slowdown = 1.0
+    timed = flops
     if s.method == "qlora":
-        matmul_share = 2.0 * facts.arch.matmul_params / fwd
-        slowdown = 1 + (C.QLORA_MATMUL_SLOWDOWN - 1) * matmul_share
-    return flops * slowdown / (rates.flops * _mfu_scale(facts, s)), flops
+        # the decoder layers' 4-bit weights: every forward and the input's gradient multiply by a
+        # freshly dequantized copy, more slowly than by a stored bf16 weight
+        arch = facts.arch
+        passes = 3 if s.gradient_checkpointing else 2
+        quantized = 2.0 * arch.num_layers * arch.layer_linear_params * passes * s.tokens_per_micro_batch
+        timed += (C.QLORA_MATMUL_SLOWDOWN - 1) * quantized
+    return timed / (rates.flops * _mfu_scale(facts, s)), flops
 
 
 @lru_cache(maxsize=256)
@@ -257,6 +266,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     passes = 3 if s.gradient_checkpointing else 2
     layer_passes = passes * facts.arch.num_layers
     ops = layer_ops(facts.arch, s.method, facts.lora, s.attn_implementation)
+    quantized = len(facts.arch.linears) * facts.arch.num_layers if s.method == "qlora" else 0
     gathering, other = _modules_per_layer(facts, int(s.knobs.param_persistence_threshold))
     fetch_passes = layer_passes * gathering if s.zero_stage == 3 else 0
     hook_passes = layer_passes * other if s.zero_stage == 3 else 0
@@ -267,6 +277,8 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         accumulation=s.gradient_accumulation_steps,
         gpu_seconds_at_full_rate=gpu,
         layer_ops=facts.arch.num_layers * ops.per_micro_step(s.gradient_checkpointing),
+        quantized_forwards=quantized * (passes - 1),
+        quantized_backwards=quantized,
         zero3_fetch_passes=fetch_passes,
         zero3_hook_passes=hook_passes,
         zero3_collective_passes=fetch_passes if s.num_gpus > 1 else 0,
@@ -309,6 +321,8 @@ def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
         + t.zero3_fetch_passes * k.zero3_fetch_pass_s
         + t.zero3_hook_passes * k.zero3_hook_pass_s
         + t.zero3_collective_passes * k.zero3_collective_pass_s
+        + t.quantized_forwards * k.qlora_forward_s
+        + t.quantized_backwards * k.qlora_backward_s
     )
     q = k.clock_overlap_zero12 if t.zero12 else k.clock_overlap
     compute = overlapped(q, t.gpu_seconds_at_full_rate / k.mfu, host)
