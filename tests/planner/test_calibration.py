@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,17 @@ def test_an_entry_of_unknown_kind_is_refused() -> None:
     raw["constants"]["MFU"]["kind"] = "guessed"
     with pytest.raises(ValueError, match="MFU: kind must be one of"):
         parse(raw)
+
+
+def test_the_qlora_constants_are_what_the_kernel_records_measured() -> None:
+    """The three QLoRA step-time figures are read off the rows of ``bench/qlora_kernels.py``."""
+    rows = json.loads((RESULTS / CALIBRATION["QLORA_MATMUL_SLOWDOWN"].records[0]).read_text())["rows"]
+    forward = [r["nf4_forward_host_s"] - r["bf16_forward_host_s"] for r in rows]
+    backward = [(r["nf4_forward_backward_host_s"] - r["nf4_forward_host_s"])
+                - (r["bf16_forward_backward_host_s"] - r["bf16_forward_host_s"]) for r in rows]
+    gpu_bound = [r["nf4_forward_backward_s"] / r["bf16_forward_backward_s"] for r in rows
+                 if r["bf16_forward_backward_s"] >= 1e-3]
+    assert len(rows) == 60 and len(gpu_bound) == 6
+    assert abs(constants.QLORA_LINEAR_FORWARD_HOST_S / statistics.median(forward) - 1) < 0.01
+    assert abs(constants.QLORA_LINEAR_BACKWARD_HOST_S / statistics.median(backward) - 1) < 0.01
+    assert abs(constants.QLORA_MATMUL_SLOWDOWN / statistics.median(gpu_bound) - 1) < 0.01
