@@ -32,6 +32,7 @@ from bench.service_gpu import (
     build_model,
     free_port,
     progress_lines,
+    steady_step_seconds,
     steady_tokens_per_second,
     stop_serve,
     tunebox,
@@ -263,7 +264,7 @@ def render(paths: list[Path], where: Path) -> str:
     """The markdown report of the records: planned at submission, planned today, measured."""
     lines = ["| job | card | configuration | status (steps) | planned at submission GiB | planned now GiB | "
              "NVML peak GiB | error now | torch reserved / allocated GiB | host planned now / measured GiB "
-             "| tokens/s planned now / measured |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| step s planned now / measured |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for ident, job, box in measured_jobs(paths):
         now = replan(job, box, where)
         r = job["plan"]["resolved"]
@@ -271,7 +272,7 @@ def render(paths: list[Path], where: Path) -> str:
                  f"mb{r['micro_batch_size']}x{r['gradient_accumulation_steps']} s{r['seq_len']}")
         nvml = job["nvml_peak_bytes"]
         host = job.get("measured_host_rss_bytes")
-        tps = job.get("steady_tokens_per_second")
+        step = job.get("steady_step_seconds")
         planned_now = now.per_gpu.total_bytes
         reserved, allocated = job["torch_reserved_peak_bytes"], job["torch_allocated_peak_bytes"]
         cells = [ident, f"{box['gpu_memory_bytes'] / GIB:.0f} GiB", setup,
@@ -279,7 +280,7 @@ def render(paths: list[Path], where: Path) -> str:
                  f"{planned_now / GIB:.2f}", f"{nvml / GIB:.2f}", f"{(planned_now - nvml) / nvml:+.1%}",
                  f"{reserved / GIB:.2f} / {allocated / GIB:.2f}",
                  f"{now.host.total_bytes / GIB:.2f} / {(host or 0) / GIB:.2f}",
-                 f"{now.estimated_tokens_per_second:,.0f} / {(tps or 0):,.0f}"]
+                 f"{now.estimated_step_seconds:.3f} / " + (f"{step:.3f}" if step else "-")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -320,6 +321,7 @@ def _result(client: httpx.Client, jid: str, data_dir: Path) -> dict[str, Any]:
         "torch_allocated_peak_bytes": _max(progress, "peak_allocated_gpu_bytes"),
         "host_rss_peak_bytes": _max(progress, "host_rss_bytes"),
         "steady_tokens_per_second": steady_tokens_per_second(progress, skip=2),
+        "steady_step_seconds": steady_step_seconds(progress, skip=2),
         "steps": len(progress),
         "status_history": [(e["created_at"], e["data"]["to"], e["message"])
                            for e in events if e["kind"] == "status"],
@@ -420,6 +422,28 @@ def box_hardware() -> dict[str, Any]:
     return out
 
 
+def add_step_seconds(report_path: Path, logs: Path) -> int:
+    """Write each job's ``steady_step_seconds`` into a report from its job folders' progress files in
+    ``logs`` (the phase's archive of ``--work``); returns how many jobs got one."""
+    import tarfile
+
+    report = json.loads(report_path.read_text())
+    with tarfile.open(logs) as tar:
+        members = {m.name.removeprefix("./"): m for m in tar.getmembers() if m.isfile()}
+        found = 0
+        for phase_name, phase in report["phases"].items():
+            for job in phase["jobs"].values():
+                member = members.get(f"tunebox-{phase_name}/jobs/{job.get('id')}/progress.jsonl")
+                if member is None:
+                    continue
+                raw = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
+                lines = [json.loads(ln) for ln in raw.splitlines() if ln.strip()]
+                job["steady_step_seconds"] = steady_step_seconds(lines, skip=2)
+                found += job["steady_step_seconds"] is not None
+    report_path.write_text(json.dumps(report, indent=1, default=str))
+    return found
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
@@ -430,7 +454,12 @@ def main() -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--render", type=Path, nargs="+", metavar="REPORT",
                     help="print the markdown table of these reports against today's planner")
+    ap.add_argument("--add-step-seconds", type=Path, nargs=2, metavar=("REPORT", "LOGS"),
+                    help="add each job's steady_step_seconds to REPORT from the progress files in LOGS")
     args = ap.parse_args()
+    if args.add_step_seconds:
+        print(add_step_seconds(*args.add_step_seconds), "jobs")
+        return 0
     if args.render:
         import tempfile
 

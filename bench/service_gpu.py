@@ -168,6 +168,17 @@ def steady_tokens_per_second(lines: list[dict[str, Any]], skip: int = 3) -> floa
     return statistics.median(rates) if rates else None
 
 
+def steady_step_seconds(lines: list[dict[str, Any]], skip: int = 2) -> float | None:
+    """Median wall seconds of one optimizer step after warm-up (from one progress line to the next),
+    leaving out steps that wrote a checkpoint. Unlike tokens/s, which counts real tokens only, it is
+    the time of the whole step, padding included (a packed row a long example leaves part-empty)."""
+    progress = [ln for ln in lines if ln["type"] == "progress"]
+    ckpt_steps = {ln["step"] for ln in lines if ln["type"] == "checkpoint"}
+    gaps = [b["time"] - a["time"] for a, b in zip(progress, progress[1:], strict=False)
+            if b["step"] > skip and b["step"] == a["step"] + 1 and not {a["step"], b["step"]} & ckpt_steps]
+    return statistics.median(gaps) if gaps else None
+
+
 def steady_steps_per_second(lines: list[dict[str, Any]], skip: int = 2) -> float | None:
     """Optimizer steps per second of wall time after warm-up, checkpoint saves included: the rate
     a user sees, less sensitive to one slow step than the per-step median."""

@@ -29,3 +29,14 @@ def test_a_pinned_alternative_plans_as_that_alternative(model: str, method: str,
                                                                    rel=1e-3)
         assert pinned.per_gpu.total_bytes != auto["per_gpu"]["total_bytes"] or (
             pinned.resolved.model_dump(mode="json") != auto["resolved"])
+
+
+def test_a_step_is_timed_from_one_progress_record_to_the_next_past_warm_up_and_checkpoints() -> None:
+    from bench.service_gpu import steady_step_seconds
+
+    times = {1: 10.0, 2: 11.0, 3: 11.5, 4: 12.0, 5: 14.0, 6: 14.6, 7: 15.2}  # step 5 wrote a checkpoint
+    lines = [{"type": "progress", "step": s, "time": t, "tokens_per_second": 1.0} for s, t in times.items()]
+    lines.insert(5, {"type": "checkpoint", "step": 5})
+    # warm-up (steps 1-2) and the steps beside the checkpoint (5 and 6) are left out: 0.5, 0.5, 0.6
+    assert steady_step_seconds(lines, skip=2) == pytest.approx(0.5)
+    assert steady_step_seconds(lines[:2], skip=2) is None
