@@ -144,7 +144,12 @@ def test_gpus_lists_each_boxs_probe_and_the_cli_prints_it(
     [box] = res.json()["boxes"]
     assert box["host"] == _box(pg_env) and box["status"] == "ok"
     assert box["figures"]["h2d_pinned_gbps"] == 24.0
-    assert box["planned_from_probe"] == {"pcie_gbps": pytest.approx(25 * 24.0 / 54.84, rel=1e-3)}
+    from planner.constants import DEFAULT_GPU_FLOPS
+
+    # the probe's rates over the reference H200 probe's (planner/data/gpus.json): 775.06 TFLOPS, 54.84 GB/s
+    assert box["planned_from_probe"] == {
+        "gpu_bf16_tflops": pytest.approx(DEFAULT_GPU_FLOPS / 1e12 * 150.0 / 775.06, rel=1e-3),
+        "pcie_gbps": pytest.approx(25 * 24.0 / 54.84, rel=1e-3)}
     assert _plan(pg_env)["hardware"]["pcie_bytes_per_s"]["source"] == "probe"
 
     app = create_app(pg_env.settings, enqueue=pg_env.enqueued, token_cache_ttl_s=0)

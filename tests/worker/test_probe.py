@@ -139,15 +139,17 @@ def test_a_probe_is_measured_once_per_identity_and_its_figures_reach_the_plan(db
     assert hw is not None and hw.card == "NVIDIA GeForce RTX 4090"
     assert hw.pcie_bytes_per_s.source == "probe"
     assert hw.pcie_bytes_per_s.value == pytest.approx(C.PCIE_BYTES_PER_S * 24.0 / 54.84, rel=1e-3)
-    # the reference card's matmul probe is not recorded yet: the rate stays the catalogue's
-    assert hw.gpu_flops.source == "catalogue"
+    # the matmul rate: the probe's 150 TFLOPS over the reference H200 probe's 775.06
+    assert hw.gpu_flops.source == "probe"
+    assert hw.gpu_flops.value == pytest.approx(C.DEFAULT_GPU_FLOPS * 150.0 / 775.06, rel=1e-3)
     # a new driver is a new identity: probed again; its failure leaves plans to the catalogue
     newer = probe_box(_with_module(settings, "probe_crash"), identity={**FAKE_BOX, "driver": "590.0"})
     assert newer is not None and newer.status == "failed" and newer.id != ok.id
     with session_scope(db_url) as s:
         assert latest_probe(s, settings.worker_host).id == newer.id  # type: ignore[union-attr]
         assert len(s.scalars(select(BoxProbe)).all()) == 2
-    assert _box_plan(db_url, settings).hardware.pcie_bytes_per_s.source == "catalogue"  # type: ignore[union-attr]
+    fallen_back = _box_plan(db_url, settings).hardware
+    assert fallen_back.pcie_bytes_per_s.source == fallen_back.gpu_flops.source == "catalogue"  # type: ignore[union-attr]
 
 
 def test_probe_off_stores_nothing(db_url, settings) -> None:
