@@ -265,21 +265,21 @@ def test_zero3_sub_groups_are_deepspeeds(name: str, gpus: int, sub_group_size: i
 
 def test_zero3_reads_the_checkpoint_one_weight_file_at_a_time(tmp_path: Any) -> None:
     """from_pretrained under ZeRO-3 holds the largest weight file on the host of every rank."""
-    cfg = catalogue()["Qwen/Qwen2.5-0.5B"].config
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(cfg))
-    for i, size in enumerate((300_000_000, 700_000_000)):
+    (folder / "config.json").write_text(json.dumps(catalogue()["Qwen/Qwen2.5-1.5B"].config))
+    for i, size in enumerate((300_000_000, 1_500_000_000)):
         with (folder / f"model-0000{i + 1}-of-00002.safetensors").open("wb") as f:
             f.truncate(size)  # sparse: only its size matters
-    spec = job(model={"path": str(folder)}, method="full")
+    spec = job(model={"path": str(folder)}, method="lora")
     spec["resources"].update(num_gpus=2, zero_stage=3, offload_optimizer="none", offload_param="none")
     spec["hardware"] = hardware(gpus=2)
     from_folder = plan(spec).host
-    assert from_folder.model_load_bytes == 2 * 700_000_000
-    assert from_folder.total_bytes == from_folder.process_bytes + 2 * 700_000_000
+    assert from_folder.model_load_bytes == 2 * 1_500_000_000
+    assert from_folder.total_bytes == from_folder.process_bytes + 2 * 1_500_000_000
     # without the files at hand: the whole model, as long as it is under the hub's 5 GB files
-    spec["model"] = {"config": cfg}
+    spec["model"] = {"config": catalogue()["Qwen/Qwen2.5-0.5B"].config}
+    spec["method"] = "full"
     assert plan(spec).host.model_load_bytes == pytest.approx(2 * 2 * 494_032_768, rel=0.01)
 
 
