@@ -75,6 +75,25 @@ class Dataset(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class DatasetReport(Base):
+    """What training makes of one dataset file with one tokenizer at one ``seq_len`` (rows, tokens,
+    rows dropped and why): the report of ``worker/inspect_data.py`` or of a job's trainer, kept so a
+    later submission of the same data, tokenizer and length is refused before it is queued."""
+
+    __tablename__ = "dataset_reports"
+    __table_args__ = (UniqueConstraint("dataset_key", "model_key", "seq_len", "format", "name",
+                                       name="uq_dataset_reports_key"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    dataset_key: Mapped[str] = mapped_column(String(64))  # the file's content, or its path, size and mtime
+    model_key: Mapped[str] = mapped_column(String(64))  # the tokenizer's files: path, size and mtime
+    seq_len: Mapped[int] = mapped_column(Integer)
+    format: Mapped[str] = mapped_column(String(16))  # as declared (auto included)
+    name: Mapped[str] = mapped_column(String(256))  # a dataset_info.json entry, or ""
+    report: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (

@@ -290,3 +290,18 @@ def load_records(path: Path, declared: str = "auto", name: str | None = None
         fmt = row_fmt
         rows.append(conversation)
     return fmt, rows
+
+
+def check_dropped_share(report: dict[str, Any], max_share: float, where: str = "of the training split"
+                        ) -> str | None:
+    """Why the rows dropped are too many (with the counts), or None. The trainer checks its training
+    split; the API, at submission, a report of the whole file (``where`` says which)."""
+    rows, dropped = report["rows"], report["dropped_rows"]
+    if rows and dropped / rows > max_share:
+        numbers = ", ".join(map(str, report["dropped_row_numbers"][:10]))
+        more = ", ..." if dropped > 10 else ""
+        return (f"{dropped} of {rows} rows ({dropped / rows:.1%}) would be dropped: no answer token within "
+                f"seq_len {report['seq_len']} (rows {numbers}{more} {where}); the limit is "
+                f"{max_share:.1%} (dataset.max_dropped_fraction). Raise seq_len, shorten the prompts, or "
+                "raise the limit")
+    return None

@@ -9,15 +9,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-)
+from tunebox.data_keys import TOKENIZER_FILES
 
 
 def unpack(archive: Path, into: Path) -> Path:

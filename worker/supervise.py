@@ -28,6 +28,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
 from store.base import utcnow
+from store.dataset_reports import save_report
 from store.db import session_scope
 from store.models import Checkpoint, Gpu, Job, JobEvent
 from store.states import ACTIVE, IllegalTransition, JobStatus, transition
@@ -381,9 +382,25 @@ class JobRun:
 
     def _fail(self, failure: Failure) -> JobStatus | None:
         log.warning("job %s failed: %s %s", self.job_id, failure.kind, failure.reason)
+        if failure.reason == "rows_dropped":
+            self._keep_data_report(failure.data or {})
         return self._finish(JobStatus.FAILED, f"failed ({failure.kind}: {failure.reason})",
                             failure_kind=failure.kind, failure_reason=failure.reason,
                             failure_message=failure.message, **self.evals.job_fields())
+
+    def _keep_data_report(self, data: dict[str, Any]) -> None:
+        """The trainer's account of the rows it would drop, under its dataset's and tokenizer's keys:
+        the same job submitted again is refused at once (``store/dataset_reports.py``)."""
+        keys = ("dataset_key", "model_key", "format")
+        report = data.get("report")
+        if not isinstance(report, dict) or not all(isinstance(data.get(k), str) for k in keys):
+            return
+        try:
+            with session_scope(self.url) as s:
+                save_report(s, data["dataset_key"], data["model_key"], int(report["seq_len"]), data["format"],
+                            data.get("name"), report)
+        except (OperationalError, KeyError, TypeError, ValueError):
+            log.warning("job %s: could not keep its data report", self.job_id, exc_info=True)
 
     def _cancel(self) -> JobStatus | None:
         for group in self.groups:

@@ -41,13 +41,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from tunebox.datasets import check_dropped_share
 from worker._trainlib import checkpoint as ckpt
 from worker._trainlib.data import (
     IGNORE,
     Example,
     MicroBatchOrder,
     Packed,
-    check_dropped_share,
     collate,
     collate_packed,
     encode_report,
@@ -181,13 +181,28 @@ class Trainer:
         limit = self.spec.dataset.max_dropped_fraction if self.spec.dataset else 0.01
         too_many = check_dropped_share(self.data_report, limit)
         if too_many and self.examples:
-            raise JobFailure(USER_ERROR, "rows_dropped", too_many)
+            raise JobFailure(USER_ERROR, "rows_dropped", too_many, data=self._dropped_rows_data())
         if not self.examples:
             raise JobFailure(USER_ERROR, "bad_dataset", "no training row has an answer token within seq_len "
                              f"{self.spec.training.seq_len} (prompts too long, or every row held out)")
         # packed: the rows of the data order are packed rows of whole examples, fixed for the run
         self.packed: list[Packed] | None = (pack(self.examples, self.spec.training.seq_len)
                                             if self.spec.training.packing else None)
+
+    def _dropped_rows_data(self) -> dict[str, Any]:
+        """The data report and the keys of its dataset and tokenizer (``tunebox/data_keys.py``): the
+        worker keeps it, so the same job submitted again is refused before it is queued."""
+        from tunebox.data_keys import dataset_key, model_key
+
+        data: dict[str, Any] = {"report": self.data_report}
+        try:
+            keys = {"dataset_key": dataset_key(self.run.dataset_file),
+                    "model_key": model_key(self.run.model_dir)}
+        except OSError:
+            return data
+        if keys["model_key"] is not None and self.spec.dataset is not None:
+            data.update(keys, format=self.spec.dataset.format.value, name=self.spec.dataset.name)
+        return data
 
     def _eval_dataset_rows(self) -> tuple[Any, list[Any]]:
         """The format and every row of ``eval.dataset`` (the evaluator renders each row by its format)."""

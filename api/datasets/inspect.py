@@ -19,6 +19,7 @@ from api.auth.access import may_use_dataset
 from api.auth.service import Principal
 from api.errors import FieldError, InvalidInput, ServiceUnavailable
 from api.paths import confine
+from store.dataset_reports import save_report
 from store.models import Dataset
 from tunebox.settings import Settings
 
@@ -98,4 +99,20 @@ def inspect(session: Session, settings: Settings, user: Principal, request: Insp
         if not field.startswith(("dataset", "model")):
             field = f"dataset.rows[{error['row']}].{field}"
         raise InvalidInput(f"{field}: {error['message']}", errors=[FieldError(field, error["message"])])
+    _keep(session, data, model, request, report)
     return report
+
+
+def _keep(session: Session, data: Path, model: Path, request: InspectRequest, report: dict[str, Any]) -> None:
+    """Keep the counts under the file's and tokenizer's keys: a job submitted on them later is refused
+    at once if it would drop too many rows."""
+    from tunebox.data_keys import dataset_key, model_key
+
+    try:
+        tokenizer = model_key(model)
+        if tokenizer is not None:
+            counts = {k: v for k, v in report.items() if k not in ("example", "format")}
+            save_report(session, dataset_key(data), tokenizer, request.seq_len, request.dataset.format,
+                        request.dataset.name, counts)
+    except OSError:
+        pass

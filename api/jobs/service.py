@@ -51,6 +51,7 @@ from planner import Plan
 from planner.constants import GIB
 from planner.spec import DataSource, JobSpec
 from store.base import utcnow
+from store.dataset_reports import find_report
 from store.ids import new_id
 from store.models import Checkpoint, Dataset, Job, JobEvent, MetricPoint, User
 from store.queue import queued_in_run_order
@@ -234,6 +235,34 @@ def _count_rows(path: Path, declared: str, settings: Settings, name: str | None,
     return info.num_rows
 
 
+def _refuse_dropped_rows(session: Session, spec: JobSpec) -> None:
+    """A 422 with the counts where a report of this dataset file, tokenizer and ``seq_len`` (an
+    inspection's, or a trainer's that failed for it) drops more rows than the spec allows."""
+    from tunebox.data_keys import dataset_key, model_key
+    from tunebox.datasets import check_dropped_share
+
+    ds = spec.dataset
+    if ds is None or not spec.model.path:
+        return
+    path = ds.path
+    if ds.id is not None:
+        row = session.get(Dataset, ds.id)
+        path = row.path if row is not None else None
+    if path is None:
+        return
+    try:
+        data, tokenizer = dataset_key(Path(path)), model_key(Path(spec.model.path))
+    except OSError:
+        return
+    if tokenizer is None:
+        return
+    report = find_report(session, data, tokenizer, spec.training.seq_len, ds.format.value, ds.name)
+    why = report and check_dropped_share(report, ds.max_dropped_fraction,
+                                         "of the file, as last counted with this tokenizer")
+    if why:
+        raise InvalidInput.for_field("dataset.max_dropped_fraction", why)
+
+
 def _check_gpu_limit(user: Principal, settings: Settings, num_gpus: int) -> None:
     """A job needing more GPUs than its owner may hold at once could never start: refuse it now."""
     limit = user.max_gpus or settings.max_gpus_per_user
@@ -327,6 +356,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     _check_queue_limit(session, user, settings)
     spec = resolve_model(spec, settings, required=True)
     spec, dataset_id, eval_dataset_id = _resolve_dataset(session, spec, settings, user)
+    _refuse_dropped_rows(session, spec)
     spec = _box_nvme_folder(spec, settings)
     plan = make_plan(spec, hardware_for(spec, session, settings))
     _refuse_beyond_context(plan)

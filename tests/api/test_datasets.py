@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from store.db import session_scope
 from store.models import Dataset, Job
@@ -207,3 +208,28 @@ def test_inspect_tokenises_with_the_models_tokenizer_in_a_child_process(env: Env
     no_tokenizer = env.client.post("/v1/datasets/inspect", json={**body, "model": {"path": "small"}},
                                    headers=env.auth())
     assert no_tokenizer.status_code == 422 and no_tokenizer.json()["errors"][0]["field"] == "model.path"
+
+
+def test_a_job_whose_inspected_rows_would_be_dropped_is_refused_at_submit_with_the_counts(env: Env) -> None:
+    from tests.tinymodel import build_tiny_model
+
+    build_tiny_model(Path(env.settings.model_roots[0]) / "tiny")
+    rows = alpaca_rows(5) + [{"instruction": "word " * 80, "input": "", "output": "x"}]
+    ds = env.client.post("/v1/datasets", content=_jsonl(rows), headers=env.auth()).json()
+
+    def submit(seq_len: int, **dataset: Any) -> Any:
+        return env.client.post("/v1/jobs", headers=env.auth(), json=job_spec(
+            model={"path": "tiny"}, dataset={"id": ds["id"], **dataset},
+            training={"max_steps": 2, "seq_len": seq_len}))
+
+    assert submit(64).status_code == 201  # nothing counted yet: the trainer checks it at start
+    inspected = env.client.post("/v1/datasets/inspect", headers=env.auth(),
+                                json={"dataset": {"id": ds["id"]}, "model": {"path": "tiny"}, "seq_len": 64})
+    assert inspected.status_code == 200 and inspected.json()["dropped_rows"] == 1
+    refused = submit(64)
+    assert refused.status_code == 422, refused.text
+    [error] = refused.json()["errors"]
+    assert error["field"] == "dataset.max_dropped_fraction"
+    assert "1 of 6 rows (16.7%)" in error["message"] and "1.0%" in error["message"]
+    assert submit(64, max_dropped_fraction=0.2).status_code == 201  # the limit raised
+    assert submit(256).status_code == 201  # another seq_len: not counted

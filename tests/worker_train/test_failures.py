@@ -88,6 +88,24 @@ def test_an_8bit_optimizer_without_cuda_is_optimizer_unavailable(worker: WorkerP
     assert "adamw_8bit" in (job.failure_message or "")
 
 
+def test_too_many_dropped_rows_is_rows_dropped_and_its_counts_are_kept_for_the_next_submit(
+        worker: WorkerProcess, tiny_model: Path, tmp_path: Path) -> None:
+    from store.dataset_reports import find_report
+    from tests.tinydata import alpaca_rows, write_jsonl
+    from tunebox.data_keys import dataset_key, model_key
+
+    rows = alpaca_rows(20) + [{"instruction": "Repeat the word: apple " * 40, "input": "", "output": "x"}] * 2
+    long_rows = write_jsonl(tmp_path / "long.jsonl", rows)
+    spec = spec_of(LORA, tiny_model, long_rows)
+    spec["dataset"]["eval_fraction"] = 0.0
+    job = finished(worker, submit(worker, spec))
+    assert (job.status, job.failure_kind, job.failure_reason) == (S.FAILED, "user_error", "rows_dropped")
+    assert "2 of 22 rows (9.1%)" in (job.failure_message or "")
+    with session_scope(worker.settings.resolved_database_url) as s:
+        kept = find_report(s, dataset_key(long_rows), model_key(tiny_model) or "", 64, "alpaca", None)
+    assert kept is not None and (kept["rows"], kept["dropped_rows"], kept["seq_len"]) == (22, 2, 64)
+
+
 def _replace_with_another_family(model: Path) -> None:
     """The folder's model swapped for a GPT-2 (``c_attn``, ``c_fc``, no ``q_proj``), tokenizer kept."""
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -325,19 +325,6 @@ def encode_report(tokenizer: Any, rows: Sequence[Row], fmt: Format, seq_len: int
     return examples, report
 
 
-def check_dropped_share(report: dict[str, Any], max_share: float) -> str | None:
-    """Why the rows dropped are too many (with the counts), or None."""
-    rows, dropped = report["rows"], report["dropped_rows"]
-    if rows and dropped / rows > max_share:
-        numbers = ", ".join(map(str, report["dropped_row_numbers"][:10]))
-        more = ", ..." if dropped > 10 else ""
-        return (f"{dropped} of {rows} rows ({dropped / rows:.1%}) would be dropped: no answer token within "
-                f"seq_len {report['seq_len']} (rows {numbers}{more} of the training split); the limit is "
-                f"{max_share:.1%} (dataset.max_dropped_fraction). Raise seq_len, shorten the prompts, or "
-                "raise the limit")
-    return None
-
-
 # --------------------------------------------------------------------------- packing
 
 
