@@ -22,7 +22,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from store.base import Base, JSONType, UTCDateTime, utcnow
-from store.states import JobStatus
+from store.status import JobStatus
 
 # BIGINT on Postgres, INTEGER (the rowid alias, so it autoincrements) on SQLite.
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")

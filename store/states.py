@@ -13,38 +13,15 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import update
 
 from store.base import utcnow
+from store.models import Job, JobEvent
+from store.status import ACTIVE, TERMINAL, JobStatus
+
+__all__ = ["ACTIVE", "ALLOWED_FROM", "TERMINAL", "FailureKind", "IllegalTransition", "JobStatus",
+           "can_transition", "transition"]
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-
-class JobStatus(StrEnum):
-    QUEUED = "queued"
-    STARTING = "starting"
-    RUNNING = "running"
-    EVALUATING = "evaluating"
-    CANCELLING = "cancelling"
-    PAUSING = "pausing"
-    PAUSED = "paused"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
-    def active(self) -> bool:
-        """Holds (or is about to hold) GPUs: a process of this job may exist."""
-        return self in ACTIVE
-
-    @classmethod
-    def terminal_states(cls) -> frozenset[JobStatus]:
-        return TERMINAL
-
-
-TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
-ACTIVE = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.EVALUATING, JobStatus.CANCELLING,
-                    JobStatus.PAUSING})
 
 S = JobStatus
 # target state -> the states it may be entered from
@@ -99,8 +76,6 @@ def transition(
     ``status`` event, and returns the previous status. Raises :class:`IllegalTransition` otherwise.
     The caller's transaction commits.
     """
-    from store.models import Job, JobEvent  # models import this module for JobStatus
-
     allowed = ALLOWED_FROM[target]
     if expected is not None:
         allowed = allowed & (frozenset({expected}) if isinstance(expected, JobStatus) else expected)

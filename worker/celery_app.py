@@ -17,7 +17,7 @@ from celery import Celery
 from kombu import Queue
 
 from tunebox.settings import Settings, get_settings
-from worker.dispatch import GPU_QUEUE
+from worker.queues import GPU_QUEUE
 
 
 def broker_folders(settings: Settings) -> dict[str, Path]:
@@ -63,4 +63,9 @@ def get_celery() -> Celery:
     return make_celery(get_settings())
 
 
-app = get_celery()
+def __getattr__(name: str) -> Any:
+    """``app``, which ``celery -A worker.celery_app`` looks up: built on first use, not at import (the
+    filesystem broker's folders are made then)."""
+    if name == "app":
+        return get_celery()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

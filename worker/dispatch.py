@@ -5,8 +5,9 @@ Send only after the commit that created the job row: a worker that receives the 
 
 from __future__ import annotations
 
-RUN_JOB_TASK = "tunebox.run_job"
-GPU_QUEUE = "gpu"
+from worker.queues import GPU_QUEUE, RUN_JOB_TASK
+
+__all__ = ["GPU_QUEUE", "RUN_JOB_TASK", "enqueue_job"]
 
 
 def enqueue_job(job_id: str, *, priority: int = 0, task_id: str | None = None) -> str:
