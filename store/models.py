@@ -85,13 +85,13 @@ class DatasetReport(Base):
                                        name="uq_dataset_reports_key"),)
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
-    dataset_key: Mapped[str] = mapped_column(String(64))  # the file's content, or its path, size and mtime
-    model_key: Mapped[str] = mapped_column(String(64))  # the tokenizer's files: path, size and mtime
+    dataset_key: Mapped[str] = mapped_column(String(64))  # the file's resolved path, size and mtime
+    model_key: Mapped[str] = mapped_column(String(64))  # the tokenizer files' paths, sizes and mtimes
     seq_len: Mapped[int] = mapped_column(Integer)
     format: Mapped[str] = mapped_column(String(16))  # as declared (auto included)
     name: Mapped[str] = mapped_column(String(256))  # a dataset_info.json entry, or ""
     report: Mapped[dict[str, Any]] = mapped_column(JSONType)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
 
 class Job(Base):

@@ -26,11 +26,11 @@ def _stat(path: Path) -> tuple[str, int, int]:
     return str(path.resolve()), st.st_size, st.st_mtime_ns
 
 
-def dataset_key(path: Path) -> str:
-    return _digest("file", *_stat(path))
-
-
-def model_key(folder: Path) -> str | None:
-    """The key of a model folder's tokenizer, or None where the folder holds no tokenizer file."""
-    found = [_stat(folder / name) for name in TOKENIZER_FILES if (folder / name).is_file()]
-    return _digest("tokenizer", *found) if found else None
+def report_keys(dataset: Path, model: Path) -> tuple[str, str] | None:
+    """The keys of a dataset file and of a model folder's tokenizer; None where the folder holds no
+    tokenizer file or the file cannot be read."""
+    try:
+        found = [_stat(model / name) for name in TOKENIZER_FILES if (model / name).is_file()]
+        return (_digest("file", *_stat(dataset)), _digest("tokenizer", *found)) if found else None
+    except OSError:
+        return None

@@ -192,16 +192,13 @@ class Trainer:
     def _dropped_rows_data(self) -> dict[str, Any]:
         """The data report and the keys of its dataset and tokenizer (``tunebox/data_keys.py``): the
         worker keeps it, so the same job submitted again is refused before it is queued."""
-        from tunebox.data_keys import dataset_key, model_key
+        from tunebox.data_keys import report_keys
 
         data: dict[str, Any] = {"report": self.data_report}
-        try:
-            keys = {"dataset_key": dataset_key(self.run.dataset_file),
-                    "model_key": model_key(self.run.model_dir)}
-        except OSError:
-            return data
-        if keys["model_key"] is not None and self.spec.dataset is not None:
-            data.update(keys, format=self.spec.dataset.format.value, name=self.spec.dataset.name)
+        keys = report_keys(self.run.dataset_file, self.run.model_dir)
+        if keys is not None and self.spec.dataset is not None:
+            data.update(dataset_key=keys[0], model_key=keys[1], format=self.spec.dataset.format.value,
+                        name=self.spec.dataset.name)
         return data
 
     def _eval_dataset_rows(self) -> tuple[Any, list[Any]]:

@@ -106,13 +106,8 @@ def inspect(session: Session, settings: Settings, user: Principal, request: Insp
 def _keep(session: Session, data: Path, model: Path, request: InspectRequest, report: dict[str, Any]) -> None:
     """Keep the counts under the file's and tokenizer's keys: a job submitted on them later is refused
     at once if it would drop too many rows."""
-    from tunebox.data_keys import dataset_key, model_key
+    from tunebox.data_keys import report_keys
 
-    try:
-        tokenizer = model_key(model)
-        if tokenizer is not None:
-            counts = {k: v for k, v in report.items() if k not in ("example", "format")}
-            save_report(session, dataset_key(data), tokenizer, request.seq_len, request.dataset.format,
-                        request.dataset.name, counts)
-    except OSError:
-        pass
+    if (keys := report_keys(data, model)) is not None:
+        counts = {k: v for k, v in report.items() if k not in ("example", "format")}
+        save_report(session, *keys, request.seq_len, request.dataset.format, request.dataset.name, counts)

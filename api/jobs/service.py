@@ -238,7 +238,7 @@ def _count_rows(path: Path, declared: str, settings: Settings, name: str | None,
 def _refuse_dropped_rows(session: Session, spec: JobSpec) -> None:
     """A 422 with the counts where a report of this dataset file, tokenizer and ``seq_len`` (an
     inspection's, or a trainer's that failed for it) drops more rows than the spec allows."""
-    from tunebox.data_keys import dataset_key, model_key
+    from tunebox.data_keys import report_keys
     from tunebox.datasets import check_dropped_share
 
     ds = spec.dataset
@@ -248,15 +248,10 @@ def _refuse_dropped_rows(session: Session, spec: JobSpec) -> None:
     if ds.id is not None:
         row = session.get(Dataset, ds.id)
         path = row.path if row is not None else None
-    if path is None:
+    keys = report_keys(Path(path), Path(spec.model.path)) if path is not None else None
+    if keys is None:
         return
-    try:
-        data, tokenizer = dataset_key(Path(path)), model_key(Path(spec.model.path))
-    except OSError:
-        return
-    if tokenizer is None:
-        return
-    report = find_report(session, data, tokenizer, spec.training.seq_len, ds.format.value, ds.name)
+    report = find_report(session, *keys, spec.training.seq_len, ds.format.value, ds.name)
     why = report and check_dropped_share(report, ds.max_dropped_fraction,
                                          "of the file, as last counted with this tokenizer")
     if why:

@@ -34,7 +34,7 @@ def upgrade() -> None:
         sa.Column("format", sa.String(length=16), nullable=False),
         sa.Column("name", sa.String(length=256), nullable=False),
         sa.Column("report", JSON, nullable=False),
-        sa.Column("created_at", UTC_TS, nullable=False),
+        sa.Column("updated_at", UTC_TS, nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_dataset_reports")),
         sa.UniqueConstraint("dataset_key", "model_key", "seq_len", "format", "name",
                             name="uq_dataset_reports_key"),

@@ -92,7 +92,7 @@ def test_too_many_dropped_rows_is_rows_dropped_and_its_counts_are_kept_for_the_n
         worker: WorkerProcess, tiny_model: Path, tmp_path: Path) -> None:
     from store.dataset_reports import find_report
     from tests.tinydata import alpaca_rows, write_jsonl
-    from tunebox.data_keys import dataset_key, model_key
+    from tunebox.data_keys import report_keys
 
     rows = alpaca_rows(20) + [{"instruction": "Repeat the word: apple " * 40, "input": "", "output": "x"}] * 2
     long_rows = write_jsonl(tmp_path / "long.jsonl", rows)
@@ -102,7 +102,9 @@ def test_too_many_dropped_rows_is_rows_dropped_and_its_counts_are_kept_for_the_n
     assert (job.status, job.failure_kind, job.failure_reason) == (S.FAILED, "user_error", "rows_dropped")
     assert "2 of 22 rows (9.1%)" in (job.failure_message or "")
     with session_scope(worker.settings.resolved_database_url) as s:
-        kept = find_report(s, dataset_key(long_rows), model_key(tiny_model) or "", 64, "alpaca", None)
+        keys = report_keys(long_rows, tiny_model)
+        assert keys is not None
+        kept = find_report(s, *keys, 64, "alpaca", None)
     assert kept is not None and (kept["rows"], kept["dropped_rows"], kept["seq_len"]) == (22, 2, 64)
 
 
