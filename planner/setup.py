@@ -55,6 +55,12 @@ class Setup:
         return self.micro_batch_size * self.seq_len
 
     @property
+    def passes(self) -> int:
+        """Passes over the layers in a micro-step: the forward, its recompute under gradient
+        checkpointing, and the backward."""
+        return 3 if self.gradient_checkpointing else 2
+
+    @property
     def logits_tokens(self) -> int:
         """The positions whose vocabulary-sized logits exist at once: a chunk, or the micro-batch."""
         if self.loss_chunk_tokens is None:

@@ -165,8 +165,7 @@ def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, f
         # the decoder layers' 4-bit weights: every forward and the input's gradient multiply by a
         # freshly dequantized copy, more slowly than by a stored bf16 weight
         arch = facts.arch
-        passes = 3 if s.gradient_checkpointing else 2
-        quantized = 2.0 * arch.num_layers * arch.layer_linear_params * passes * s.tokens_per_micro_batch
+        quantized = 2.0 * arch.num_layers * arch.layer_linear_params * s.passes * s.tokens_per_micro_batch
         timed += (C.QLORA_MATMUL_SLOWDOWN - 1) * quantized
     return timed / (rates.flops * _mfu_scale(facts, s)), flops
 
@@ -195,10 +194,9 @@ def _micro_comm(facts: ModelFacts, s: Setup, w: int) -> float:
         return 0.0
     ring = (n - 1) / n
     t, p = facts.trainable_parameters, facts.total_parameters
-    passes = 3 if s.gradient_checkpointing else 2
     if s.zero_stage == 3:
         # all-gather of the weights in every pass, reduce-scatter of the gradients
-        return (passes * w * p + w * t) * ring / C.NVLINK_BYTES_PER_S
+        return (s.passes * w * p + w * t) * ring / C.NVLINK_BYTES_PER_S
     if s.zero_stage == 2:
         return w * t * ring / C.NVLINK_BYTES_PER_S  # reduce-scatter every micro-step
     return 0.0
@@ -241,8 +239,7 @@ def _offload(facts: ModelFacts, s: Setup, rates: GpuRates, w: int) -> tuple[floa
         if s.offload_optimizer == "nvme":
             step += 2 * (_FP32_STATE + moment_bytes_per_param(s.optimizer)) * part / C.NVME_BYTES_PER_S
     if s.zero_stage == 3 and s.offload_param != "none":
-        passes = 3 if s.gradient_checkpointing else 2
-        moved = passes * w * facts.total_parameters / n
+        moved = s.passes * w * facts.total_parameters / n
         params = moved / rates.pcie_bytes_per_s
         if s.offload_param == "nvme":
             params += moved / C.NVME_BYTES_PER_S
@@ -263,8 +260,7 @@ def _trainable_tensors(facts: ModelFacts) -> int:
 def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     w = weight_bytes(s.precision)
     gpu, flops = _gpu_seconds(facts, s, rates)
-    passes = 3 if s.gradient_checkpointing else 2
-    layer_passes = passes * facts.arch.num_layers
+    layer_passes = s.passes * facts.arch.num_layers
     ops = layer_ops(facts.arch, s.method, facts.lora, s.attn_implementation)
     quantized = len(facts.arch.linears) * facts.arch.num_layers if s.method == "qlora" else 0
     gathering, other = _modules_per_layer(facts, int(s.knobs.param_persistence_threshold))
@@ -277,7 +273,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         accumulation=s.gradient_accumulation_steps,
         gpu_seconds_at_full_rate=gpu,
         layer_ops=facts.arch.num_layers * ops.per_micro_step(s.gradient_checkpointing),
-        quantized_forwards=quantized * (passes - 1),
+        quantized_forwards=quantized * (s.passes - 1),
         quantized_backwards=quantized,
         zero3_fetch_passes=fetch_passes,
         zero3_hook_passes=hook_passes,
