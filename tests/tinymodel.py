@@ -1,13 +1,15 @@
 """A tiny local HF model folder (ByteLevel BPE tokenizer + random-init Llama) for tests.
 
 ``build_tiny_model(dest)`` writes the folder once and reuses it while its marker file is present,
-so session fixtures and repeated calls are cheap. Nothing is downloaded.
+so session fixtures and repeated calls are cheap. Nothing is downloaded. ``merge_generations`` is
+what an exported merge is held to: the tokens of the merged model against the base with its adapter.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tests.tinydata import CORPUS
 
@@ -65,3 +67,22 @@ def build_tiny_model(dest: Path, *, chat_template: bool = True, seed: int = 0) -
     _save_model(dest, tokenizer, seed)
     marker.write_text(json.dumps(wanted))
     return dest
+
+
+def merge_generations(merged: Path, base: Path, adapter: Path, device: str = "cpu"
+                      ) -> tuple[Any, list[Any], list[Any], list[Any]]:
+    """The merged model, and the greedy tokens (12 new, one prompt) of the merged model, of the bf16
+    base with the adapter, and of the bf16 base alone: what an export's merge is checked against."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(merged).to(device)
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16).to(device), str(adapter))
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(merged)
+    prompt = tokenizer("Repeat the word: river", return_tensors="pt").to(device)
+    settings = dict(max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        return model, *(m.generate(**prompt, **settings).tolist() for m in (model, adapted, plain))

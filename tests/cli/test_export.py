@@ -13,7 +13,7 @@ from store.db import session_scope
 from store.ids import new_id
 from store.models import Checkpoint
 from tests.api.conftest import Env
-from tests.tinymodel import build_tiny_model
+from tests.tinymodel import build_tiny_model, merge_generations
 from tunebox.cli import main
 
 
@@ -71,8 +71,6 @@ def test_export_the_adapter_and_a_merged_model_that_generates_the_same_tokens(
     server: Env, tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     job_id = server.submit()["id"]
     _checkpoints(
@@ -92,17 +90,7 @@ def test_export_the_adapter_and_a_merged_model_that_generates_the_same_tokens(
     assert main(["export", job_id, "--merge", "--base", str(tiny), str(tmp_path / "merged")]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(tmp_path / "merged")
 
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    merged, ours, theirs, untouched = merge_generations(tmp_path / "merged", tiny, tmp_path / "step-8")
     assert merged.dtype == torch.bfloat16 and not hasattr(merged, "peft_config")
-    base = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.bfloat16)
-    adapted = PeftModel.from_pretrained(base, str(tmp_path / "step-8"))
-    plain = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.bfloat16)
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "merged")
-    prompt = tokenizer("Repeat the word: river", return_tensors="pt")
-    settings = dict(max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    with torch.no_grad():
-        ours = merged.generate(**prompt, **settings)
-        theirs = adapted.generate(**prompt, **settings)
-        untouched = plain.generate(**prompt, **settings)
-    assert ours.tolist() == theirs.tolist()
-    assert ours.tolist() != untouched.tolist()  # the adapter changed what the model says
+    assert ours == theirs
+    assert ours != untouched  # the adapter changed what the model says

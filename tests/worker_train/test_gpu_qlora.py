@@ -14,6 +14,7 @@ from statistics import mean
 import pytest
 
 from tests.tinydata import write_dataset
+from tests.tinymodel import merge_generations
 from tests.worker_train import planned
 from tests.worker_train.planned import Mode, spec_of
 from tunebox.export import is_adapter, merge
@@ -25,8 +26,6 @@ def test_qlora_trains_on_the_gpu_and_its_adapter_merges_into_the_bf16_base(tmp_p
                                                                             tiny_model: Path) -> None:
     pytest.importorskip("bitsandbytes")
     import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     data = write_dataset(tmp_path / "alpaca.jsonl", "alpaca", n=24)
     grant = planned.gpu_grant(planned.nvml_uuids()[:1])
@@ -41,17 +40,7 @@ def test_qlora_trains_on_the_gpu_and_its_adapter_merges_into_the_bf16_base(tmp_p
     assert is_adapter(adapter)
 
     merge(adapter, tiny_model, tmp_path / "merged")
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").cuda()
+    merged, ours, theirs, untouched = merge_generations(tmp_path / "merged", tiny_model, adapter, "cuda")
     assert merged.dtype == torch.bfloat16 and not hasattr(merged, "peft_config")
-    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
-    adapted = PeftModel.from_pretrained(base, str(adapter))
-    plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).cuda()
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "merged")
-    prompt = tokenizer("Repeat the word: river", return_tensors="pt").to("cuda")
-    settings = dict(max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    with torch.no_grad():
-        ours = merged.generate(**prompt, **settings)
-        theirs = adapted.generate(**prompt, **settings)
-        untouched = plain.generate(**prompt, **settings)
-    assert ours.tolist() == theirs.tolist()
-    assert ours.tolist() != untouched.tolist()  # the adapter changed what the model says
+    assert ours == theirs
+    assert ours != untouched  # the adapter changed what the model says
