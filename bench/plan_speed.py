@@ -54,6 +54,7 @@ def auto(model: str) -> dict[str, Any]:
             "gradient_accumulation_steps": 16,
             "seq_len": 2048,
             "gradient_checkpointing": "auto",
+            "loss_chunk_tokens": "auto",
         },
         "resources": {
             "num_gpus": "auto",

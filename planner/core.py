@@ -256,10 +256,11 @@ def _choices(p: Prepared, base: Setup) -> tuple[Choices, bool]:
     opt = _device(r.offload_optimizer, p.pinned.offload_optimizer.get("device"))
     par = _device(r.offload_param, p.pinned.offload_param.get("device"))
     ckpt = None if t.gradient_checkpointing == AUTO else (bool(t.gradient_checkpointing),)
+    chunk = None if t.loss_chunk_tokens == AUTO else (t.loss_chunk_tokens,)
     _check_explicit(p, stages, opt, par)
     global_batch = t.gradient_accumulation_steps * (micro[0] if micro else 1) * (gpus[0] if gpus else 1)
     free = all_choices(base, p.bounds, global_batch)
-    auto = None in (gpus, micro, stages, opt, par, ckpt)
+    auto = None in (gpus, micro, stages, opt, par, ckpt, chunk)
     pinned = _pinned_knob_fields(p)
     return Choices(
         num_gpus=gpus or free.num_gpus,
@@ -268,6 +269,7 @@ def _choices(p: Prepared, base: Setup) -> tuple[Choices, bool]:
         offload_optimizer=opt or free.offload_optimizer,
         offload_param=par or free.offload_param,
         gradient_checkpointing=ckpt or free.gradient_checkpointing,
+        loss_chunk_tokens=chunk or free.loss_chunk_tokens,
         global_batch=global_batch,
         explicit_accumulation=t.gradient_accumulation_steps if micro and gpus else None,
         knobs={s: knob_variants(p.facts, base.knobs, s, pinned) for s in stages or free.zero_stage},
@@ -295,7 +297,7 @@ def _base_setup(p: Prepared) -> Setup:
         optimizer=t.optimizer.value,
         attn_implementation=attention_for(p.arch, t.attn_implementation),
         knobs=p.pinned.knobs,
-        loss_chunk_tokens=t.loss_chunk_tokens,
+        loss_chunk_tokens=None if t.loss_chunk_tokens == AUTO else t.loss_chunk_tokens,
     )
 
 
@@ -540,6 +542,7 @@ def _resolved(s: Setup) -> Resolved:
         precision=s.precision,
         optimizer=s.optimizer,
         attn_implementation=s.attn_implementation,
+        loss_chunk_tokens=s.loss_chunk_tokens,
     )
 
 

@@ -55,6 +55,8 @@ class Resolved(_Out):
     precision: str
     optimizer: str
     attn_implementation: str
+    #: the loss computed this many positions at a time; None: over the full logits
+    loss_chunk_tokens: int | None = None
 
 
 class ModelSummary(_Out):

@@ -46,6 +46,9 @@ LEAN_STAGE3: dict[str, int] = {
 }
 #: the smallest reduce bucket the search sizes for adapters (DeepSpeed's buckets are elements)
 MIN_REDUCE_BUCKET = 1_000_000
+#: the chunk the search tries for the loss (positions whose logits exist at once): a micro-batch of
+#: more positions may compute its loss in chunks of this many instead of over its full logits
+LOSS_CHUNK_TOKENS = 1024
 
 #: ZeroKnobs field -> the spec path a change to it is reported under
 KNOB_PATHS: dict[str, str] = {
@@ -66,6 +69,7 @@ _SETUP_PATHS: dict[str, str] = {
     "training.gradient_checkpointing": "gradient_checkpointing",
     "training.micro_batch_size": "micro_batch_size",
     "training.gradient_accumulation_steps": "gradient_accumulation_steps",
+    "training.loss_chunk_tokens": "loss_chunk_tokens",
 }
 
 
@@ -113,6 +117,9 @@ class Choices:
     explicit_accumulation: int | None  # with micro-batch and GPUs pinned, accumulation is the user's
     #: knob sets per ZeRO stage, preferred first; a stage not listed runs the base setup's knobs
     knobs: dict[int, tuple[ZeroKnobs, ...]] = field(default_factory=dict)
+    #: the loss's chunk (None: the full logits); a chunk the search offers is tried only where a
+    #: micro-batch holds more positions
+    loss_chunk_tokens: Sequence[int | None] = (None,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,14 +214,18 @@ def points(base: Setup, ch: Choices) -> Iterator[tuple[Setup, int]]:
         if _valid(stage, opt, par, base)
     ]
     b = base
+    offered = len(ch.loss_chunk_tokens) > 1
     for gpus, micro, accum in _batch_splits(ch):
+        chunks = [c for c in ch.loss_chunk_tokens
+                  if not (offered and c is not None and c >= micro * b.seq_len)]
         for stage, opt, par in devices:
             for ckpt in ch.gradient_checkpointing:
-                for rank, knobs in enumerate(ch.knobs.get(stage, (b.knobs,))):
-                    yield Setup(
-                        b.method, gpus, stage, opt, par, micro, accum, b.seq_len, ckpt, b.precision,
-                        b.optimizer, b.attn_implementation, knobs, b.loss_chunk_tokens,
-                    ), rank
+                for chunk in chunks:
+                    for rank, knobs in enumerate(ch.knobs.get(stage, (b.knobs,))):
+                        yield Setup(
+                            b.method, gpus, stage, opt, par, micro, accum, b.seq_len, ckpt, b.precision,
+                            b.optimizer, b.attn_implementation, knobs, chunk,
+                        ), rank
 
 
 def _order(item: tuple[Setup, int, SpeedEstimate]) -> tuple[float, int, int, int, bool, int]:
@@ -302,6 +313,7 @@ def all_choices(base: Setup, bounds: Bounds, global_batch: int) -> Choices:
         gradient_checkpointing=(False, True),
         global_batch=global_batch,
         explicit_accumulation=None,
+        loss_chunk_tokens=(None, LOSS_CHUNK_TOKENS),
     )
 
 

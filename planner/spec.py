@@ -134,8 +134,8 @@ class TrainingSpec(_Strict):
     #: whole examples packed into seq_len rows, attention confined to each; off: length-grouped batches
     packing: bool = True
     #: the loss computed this many labelled positions at a time, never the whole micro-batch's logits;
-    #: None: the model's own loss over its full logits
-    loss_chunk_tokens: Annotated[int, Field(ge=16, le=1_048_576)] | None = None
+    #: None: the model's own loss over its full logits; "auto": the planner's choice of the two
+    loss_chunk_tokens: Annotated[int, Field(ge=16, le=1_048_576)] | Auto | None = None
     gradient_checkpointing: bool | Auto = AUTO
     precision: Precision = Precision.BF16
     optimizer: Optimizer = Optimizer.ADAMW

@@ -160,6 +160,9 @@ def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, f
     """(seconds at 100% of the rate, FLOPs) of one micro-step."""
     fwd, bwd = _flops_per_token(facts, s)
     flops = (fwd * (2 if s.gradient_checkpointing else 1) + bwd) * s.tokens_per_micro_batch
+    if s.loss_chunk_tokens is not None:
+        # each chunk of the loss is checkpointed: the backward runs the LM head's forward again
+        flops += 2.0 * facts.arch.vocab_size * facts.arch.hidden_size * s.tokens_per_micro_batch
     timed = flops
     if s.method == "qlora":
         # the decoder layers' 4-bit weights: every forward and the input's gradient multiply by a
