@@ -314,7 +314,7 @@ class Trainer:
         self.orders = [MicroBatchOrder(rows, mbs, self.world, rank, seed, lengths=lengths)
                        for rank in range(self.world)]
         self.order = self.orders[self.rank]
-        chunk = self.spec.training.loss_chunk_tokens
+        chunk = self.run.resolved.loss_chunk_tokens
         if chunk is not None:
             from worker._trainlib.modeling import ChunkedLoss
 

@@ -212,6 +212,26 @@ def test_run_file_carries_the_gpu_memory_limit(tmp_path: Path, tiny_model: Path)
             assert load_run(job).gpu_memory_limit_bytes == expected
 
 
+def test_run_file_carries_the_loss_chunk_the_plan_resolved(tmp_path: Path, tiny_model: Path) -> None:
+    from tests.worker_train.conftest import make_spec, write_run
+    from worker._trainlib.runfile import load_run
+
+    spec = make_spec(tiny_model, tmp_path / "d.jsonl")
+    spec["training"]["loss_chunk_tokens"] = "auto"
+    job = write_run(tmp_path / "job", spec)
+    raw = json.loads((job / "run.json").read_text())
+    assert load_run(job).resolved.loss_chunk_tokens is None  # "auto" the plan did not resolve: full logits
+    for resolved, expected in ((1024, 1024), (None, None)):
+        raw["resolved"]["loss_chunk_tokens"] = resolved
+        (job / "run.json").write_text(json.dumps(raw))
+        assert load_run(job).resolved.loss_chunk_tokens == expected
+    spec["training"]["loss_chunk_tokens"] = 64  # a run file without the field: the spec's own chunk
+    raw["spec"] = spec
+    raw["resolved"] = {k: v for k, v in raw["resolved"].items() if k != "loss_chunk_tokens"}
+    (job / "run.json").write_text(json.dumps(raw))
+    assert load_run(job).resolved.loss_chunk_tokens == 64
+
+
 def test_an_oom_under_the_limit_names_the_plan_it_was_held_to(tmp_path: Path) -> None:
     import types
 

@@ -5,7 +5,8 @@
     {"job_id": str, "spec": <JobSpec JSON>, "model_path": str, "dataset_path": str,
      "eval_dataset_path": str,               # "" unless the spec names eval.dataset
      "resolved": {"micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
-                  "zero_stage", "offload_optimizer", "offload_param", "num_gpus", "precision"},
+                  "zero_stage", "offload_optimizer", "offload_param", "num_gpus", "precision",
+                  "loss_chunk_tokens"},
      "deepspeed_config": {...}, "device": "cuda" | "cpu",
      "gpu_memory_limit_bytes": int | null}   # PyTorch allocator limit per GPU, from the plan
 
@@ -75,6 +76,7 @@ class Resolved:
     offload_param: str
     num_gpus: int
     precision: str
+    loss_chunk_tokens: int | None = None  # None: the loss over the full logits
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ def _resolved(raw: dict[str, Any], spec: JobSpec, ds: dict[str, Any]) -> Resolve
         return None
 
     zero = ds.get("zero_optimization") or {}
+    chunk = pick("loss_chunk_tokens", t.loss_chunk_tokens)
     return Resolved(
         micro_batch_size=int(pick("micro_batch_size", ds.get("train_micro_batch_size_per_gpu"),
                                   t.micro_batch_size, 1)),
@@ -139,6 +142,7 @@ def _resolved(raw: dict[str, Any], spec: JobSpec, ds: dict[str, Any]) -> Resolve
         offload_param=str(pick("offload_param", (zero.get("offload_param") or {}).get("device"), "none")),
         num_gpus=int(pick("num_gpus", r.num_gpus, 1)),
         precision=str(pick("precision", t.precision.value)),
+        loss_chunk_tokens=None if chunk is None else int(chunk),
     )
 
 
