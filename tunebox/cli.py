@@ -100,7 +100,8 @@ def _print_fits_and_setup(plan: dict[str, Any], out: TextIO) -> None:
     print(f"setup: {r['method']}, ZeRO-{r['zero_stage']}, offload optimizer={r['offload_optimizer']} "
           f"param={r['offload_param']}, micro batch {r['micro_batch_size']} x accumulation "
           f"{r['gradient_accumulation_steps']}, seq_len {r['seq_len']}, checkpointing "
-          f"{'on' if r['gradient_checkpointing'] else 'off'}, {r['precision']}", file=out)
+          f"{'on' if r['gradient_checkpointing'] else 'off'}, {r['precision']}"
+          + (f", loss in chunks of {r['loss_chunk_tokens']}" if r.get("loss_chunk_tokens") else ""), file=out)
 
 
 def _print_peak_and_speed(plan: dict[str, Any], out: TextIO) -> None:

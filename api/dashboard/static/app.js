@@ -615,7 +615,8 @@ function planView(plan) {
       ["duration", duration(plan.estimated_duration_seconds)],
       ["configuration", `${r.method} · ${r.num_gpus} GPU · ZeRO-${r.zero_stage} · offload opt ${r.offload_optimizer} / param ${r.offload_param}`
         + ` · micro-batch ${r.micro_batch_size} × accum ${r.gradient_accumulation_steps} · seq ${r.seq_len}`
-        + ` · ${r.precision}${r.gradient_checkpointing ? " · checkpointing" : ""} · ${r.optimizer}`]])),
+        + ` · ${r.precision}${r.gradient_checkpointing ? " · checkpointing" : ""} · ${r.optimizer}`
+        + (r.loss_chunk_tokens ? ` · loss in chunks of ${r.loss_chunk_tokens}` : "")]])),
     h("h2", {}, "Memory"), stackedTerms(plan.per_gpu),
     h("h2", {}, "Alternatives (ranked)"),
     alts.length ? table([["#", "num"], ["change"], ["fits"], ["per GPU", "num"], ["host", "num"], ["tokens/s", "num"], ["why"]],
