@@ -50,14 +50,19 @@ Z0 = ONE_GPU | {"zero_stage": 0}
 
 def job(name: str, model: str, method: str, resources: dict[str, Any], *, seq_len: int = 1024,
         micro: int | str = "auto", accumulation: int = 8, checkpointing: bool | str = "auto",
-        targets: list[str] | None = None, optimizer: str = "adamw", alternative: int = 0) -> dict[str, Any]:
+        targets: list[str] | None = None, optimizer: str = "adamw", alternative: int = 0,
+        chunk: int | str | None = None) -> dict[str, Any]:
     """A job of a phase. ``alternative=k`` runs the k-th alternative of the plan the service makes
-    for this spec (every configuration field pinned as that alternative has it) instead of its choice."""
+    for this spec (every configuration field pinned as that alternative has it) instead of its choice;
+    ``chunk`` is its ``training.loss_chunk_tokens``."""
+    training = {"micro_batch_size": micro, "gradient_accumulation_steps": accumulation, "seq_len": seq_len,
+                "gradient_checkpointing": checkpointing, "optimizer": optimizer}
+    if chunk is not None:
+        training["loss_chunk_tokens"] = chunk
     return {"name": name, "model": model, "method": method,
             "lora": {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": targets or ALL_PROJECTIONS},
-            "training": {"micro_batch_size": micro, "gradient_accumulation_steps": accumulation,
-                         "seq_len": seq_len, "gradient_checkpointing": checkpointing, "optimizer": optimizer},
-            "resources": resources, **({"alternative": alternative} if alternative else {})}
+            "training": training, "resources": resources,
+            **({"alternative": alternative} if alternative else {})}
 
 
 def ranked(name: str, model: str, method: str, *, alternatives: int = 2, **kw: Any) -> list[dict[str, Any]]:
@@ -190,10 +195,38 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("qlora-7b-s2048-mb2-adamw8bit", "qwen2.5-7b", "qlora", Z0, seq_len=2048, micro=2, accumulation=1,
             checkpointing=True, optimizer="adamw_8bit"),
     ]),
+    # configurations no record has, for the planner with the QLoRA step and the trainer's host figure
+    "heldout4": (None, [
+        job("qlora-3b-z2-optoff-s2048-mb2", "qwen2.5-3b", "qlora", ONE_GPU | {"zero_stage": 2,
+            "offload_optimizer": "cpu"}, seq_len=2048, micro=2, accumulation=1, checkpointing=True),
+        job("lora-llama1b-z1-s2048-mb4", "llama-3.2-1b", "lora", ONE_GPU | {"zero_stage": 1}, seq_len=2048,
+            micro=4, accumulation=1, checkpointing=True),
+        job("full-0.5b-z1-s2048-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 1}, seq_len=2048,
+            micro=4, accumulation=1, checkpointing=True),
+        job("qlora-llama3b-s8192-mb1-lion", "llama-3.2-3b", "qlora", Z0, seq_len=8192, micro=1,
+            accumulation=1, checkpointing=True, optimizer="lion"),
+        job("lora-gemma2-2b-z2-s1024-mb8", "gemma-2-2b", "lora", ONE_GPU | {"zero_stage": 2}, micro=8,
+            accumulation=1, checkpointing=True),
+        job("lora-1.5b-z3-offload-s2048-mb4", "qwen2.5-1.5b", "lora", FIELD_REPORT, seq_len=2048, micro=4,
+            accumulation=1, checkpointing=True),
+        job("lora-3b-z0-s4096-mb2-nockpt", "qwen2.5-3b", "lora", Z0, seq_len=4096, micro=2, accumulation=1,
+            checkpointing=False),
+        job("full-llama1b-z2-optoff-s1024-mb4", "llama-3.2-1b", "full", ONE_GPU | {"zero_stage": 2,
+            "offload_optimizer": "cpu"}, micro=4, accumulation=2, checkpointing=True),
+    ]),
+    # the loss in chunks against the full logits, the same 8B job otherwise (what a chunk costs a step)
+    "chunk": (None, [
+        job(f"lora-llama8b-z0-s2048-mb2-{name}", "llama-3.1-8b", "lora", Z0, seq_len=2048, micro=2,
+            accumulation=1, checkpointing=True, chunk=chunk)
+        for name, chunk in (("full", None), ("c1024", 1024))]),
+    # every resource "auto" under a 24 GiB card, the loss's chunk "auto" and the full logits
+    "chunk24": (24, [job(f"lora-llama8b-auto-24g-{name}", "llama-3.1-8b", "lora", AUTO, seq_len=2048,
+                         accumulation=2, chunk=chunk)
+                     for name, chunk in (("chunk", "auto"), ("full", None))]),
 }
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
-              "qlora-steps-heldout"}
+              "qlora-steps-heldout", "heldout4", "chunk", "chunk24"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
