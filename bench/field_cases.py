@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -40,6 +41,7 @@ from bench.service_gpu import (
 )
 
 GIB = 2**30
+TERMINAL = ("succeeded", "failed", "cancelled")
 ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 AUTO = {"num_gpus": "auto", "zero_stage": "auto", "offload_optimizer": "auto", "offload_param": "auto"}
 #: the field report's headline configuration: ZeRO-3, optimizer and parameters on the CPU
@@ -214,6 +216,37 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("full-llama1b-z2-optoff-s1024-mb4", "llama-3.2-1b", "full", ONE_GPU | {"zero_stage": 2,
             "offload_optimizer": "cpu"}, micro=4, accumulation=2, checkpointing=True),
     ]),
+    # configurations that ran with a trainer that held the model's output (its bf16 logits) through
+    # backward, measured again with the trainer as it runs now: the service's own calibration set
+    "current": (None, [
+        job("lora-7b-field-report", "qwen2.5-7b", "lora", FIELD_REPORT, micro=1, accumulation=1,
+            checkpointing=True),
+        job("lora-7b-z3-paramoff-mb2", "qwen2.5-7b", "lora", ONE_GPU | {"zero_stage": 3, "offload_param": "cpu"},
+            micro=2, accumulation=2, checkpointing=True),
+        job("lora-7b-z0-mb2x2", "qwen2.5-7b", "lora", Z0, micro=2, accumulation=2, checkpointing=True),
+        job("lora-1.5b-z2-s2048-mb2", "qwen2.5-1.5b", "lora", ONE_GPU | {"zero_stage": 2}, seq_len=2048, micro=2,
+            accumulation=1, checkpointing=True, targets=["q_proj", "k_proj", "v_proj", "o_proj"]),
+        job("lora-1.5b-z3-offload-s2048", "qwen2.5-1.5b", "lora", FIELD_REPORT, seq_len=2048, micro=2,
+            accumulation=1, checkpointing=True, targets=["q_proj", "k_proj", "v_proj", "o_proj"]),
+        job("full-0.5b-z1-optoff-s1024-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 1,
+            "offload_optimizer": "cpu"}, micro=4, accumulation=1, checkpointing=True),
+        job("full-0.5b-z3-s1024-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, micro=4,
+            accumulation=1, checkpointing=True),
+        job("lora-llama3b-z1-adamw8bit", "llama-3.2-3b", "lora", ONE_GPU | {"zero_stage": 1}, micro=4,
+            accumulation=1, checkpointing=True, optimizer="adamw_8bit"),
+        job("lora-llama8b-z2-optoff-s2048", "llama-3.1-8b", "lora", ONE_GPU | {"zero_stage": 2,
+            "offload_optimizer": "cpu"}, seq_len=2048, micro=2, accumulation=1, checkpointing=True),
+    ]),
+    # more configurations no record has: full fine-tuning under ZeRO-3 and ZeRO-0 (16 x 512), Gemma 2
+    # without checkpointing
+    "heldout5": (None, [
+        job("full-llama1b-z3-s2048-mb2", "llama-3.2-1b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=2048,
+            micro=2, accumulation=1, checkpointing=True),
+        job("full-0.5b-z0-s512-mb16-nockpt", "qwen2.5-0.5b", "full", Z0, seq_len=512, micro=16, accumulation=1,
+            checkpointing=False),
+        job("lora-gemma2-2b-z1-s2048-mb2-nockpt", "gemma-2-2b", "lora", ONE_GPU | {"zero_stage": 1},
+            seq_len=2048, micro=2, accumulation=1, checkpointing=False),
+    ]),
     # the loss in chunks against the full logits, the same 8B job otherwise (what a chunk costs a step)
     "chunk": (None, [
         job(f"lora-llama8b-z0-s2048-mb2-{name}", "llama-3.1-8b", "lora", Z0, seq_len=2048, micro=2,
@@ -226,7 +259,7 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
 }
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
-              "qlora-steps-heldout", "heldout4", "chunk", "chunk24"}
+              "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
@@ -418,7 +451,10 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
         deadline = time.monotonic() + timeout
         while ids and time.monotonic() < deadline:
             states = {n: client.get(f"/v1/jobs/{i}").json()["status"] for n, i in ids.items()}
-            if all(s in ("succeeded", "failed", "cancelled") for s in states.values()):
+            for n, state in states.items():  # the disk holds the models, not every job's checkpoints
+                if state in TERMINAL:
+                    shutil.rmtree(data_dir / "jobs" / ids[n] / "checkpoints", ignore_errors=True)
+            if all(s in TERMINAL for s in states.values()):
                 break
             time.sleep(3)
         for n, jid in ids.items():
