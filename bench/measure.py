@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: make ``bench`` and ``planner`` importable
     sys.path.insert(0, str(REPO))
 
-from bench.cases import HOST_MEMORY_PER_GPU_BYTES, MATRICES, Case, hf_config, zero_knobs  # noqa: E402
+from bench.cases import HOST_MEMORY_PER_GPU_BYTES, MATRICES, Case, hf_config  # noqa: E402
 
 # NVLink multicast must stay off on the shared multi-GPU hosts; children get these whatever the
 # caller's environment says.
@@ -61,7 +61,10 @@ OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FA
 
 
 def build_ds_config(spec: dict[str, Any]) -> dict[str, Any]:
-    """The DeepSpeed config the service would run ``spec`` with (every value concrete)."""
+    """The DeepSpeed config the service runs ``spec`` with: the plan's own (``planner.dsconfig``), so
+    a case measures the configuration users get. Every choice of the case must be concrete."""
+    from planner import plan
+
     tr, res = spec["training"], spec["resources"]
     for key, value in (("micro_batch_size", tr.get("micro_batch_size")),
                        ("gradient_checkpointing", tr.get("gradient_checkpointing")),
@@ -72,45 +75,14 @@ def build_ds_config(spec: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"a benchmark case needs a concrete {key} (got {value!r})")
     if tr.get("optimizer", "adamw") != "adamw":
         raise ValueError("the benchmark measures AdamW only")
-    stage, gpus = int(res["zero_stage"]), int(res["num_gpus"])
-    mb, ga = int(tr["micro_batch_size"]), int(tr.get("gradient_accumulation_steps", 1))
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": mb,
-        "gradient_accumulation_steps": ga,
-        "train_batch_size": mb * ga * gpus,
-        "gradient_clipping": 1.0,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-8,
-                                                  "weight_decay": 0.0}},
-        "zero_optimization": _zero_section(stage, res),
-        "zero_force_ds_cpu_optimizer": False,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-    precision = tr.get("precision", "bf16")
-    if precision == "bf16":
-        config["bf16"] = {"enabled": True}
-    elif precision == "fp16":
-        config["fp16"] = {"enabled": True}
-    return config
-
-
-def _zero_section(stage: int, res: dict[str, Any]) -> dict[str, Any]:
     off_opt, off_param = res["offload_optimizer"], res["offload_param"]
     if "nvme" in (off_opt, off_param):
         raise ValueError("NVMe offload is not part of the benchmark")
-    if stage == 0:
-        if "cpu" in (off_opt, off_param):
-            raise ValueError("offload needs ZeRO stage 1-3")
-        return {"stage": 0}
-    if off_param == "cpu" and stage != 3:
+    if int(res["zero_stage"]) == 0 and "cpu" in (off_opt, off_param):
+        raise ValueError("offload needs ZeRO stage 1-3")
+    if off_param == "cpu" and int(res["zero_stage"]) != 3:
         raise ValueError("parameter offload needs ZeRO-3")
-    zero: dict[str, Any] = {"stage": stage, **zero_knobs(stage)}
-    if off_opt == "cpu":
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if off_param == "cpu":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    zero.update(res.get("deepspeed") or {})
-    return zero
+    return plan(spec).deepspeed_config
 
 
 # --------------------------------------------------------------------------- parent: discovery
