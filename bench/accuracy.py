@@ -85,8 +85,13 @@ def load_records(paths: Iterable[Path]) -> list[dict[str, Any]]:
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 rec = {**json.loads(line), "_source": path.name}
-                records.append(_with_host_clock(with_attention(rec)))
+                records.append(_with_host_clock(as_run(rec)))
     return records
+
+
+def as_run(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record's spec as its harness ran it: the attention it used, on its rows."""
+    return with_full_rows(with_attention(rec))
 
 
 def with_attention(rec: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +103,20 @@ def with_attention(rec: dict[str, Any]) -> dict[str, Any]:
         return rec
     used = (rec.get("measured") or {}).get("attn_implementation") or "sdpa"
     return {**rec, "spec": {**spec, "training": {**spec.get("training", {}), "attn_implementation": used}}}
+
+
+def with_full_rows(rec: dict[str, Any]) -> dict[str, Any]:
+    """The record's spec with the rows its harness trained on: every row ``seq_len`` random tokens,
+    one sequence, so no attention mask (the service's packed rows carry one)."""
+    spec = rec.get("spec")
+    if not isinstance(spec, dict) or spec.get("dataset") is not None:
+        return rec
+    seq_len = (spec.get("training") or {}).get("seq_len")
+    if not isinstance(seq_len, int):
+        return rec
+    rows = {"path": "random-token-rows", "format": "text", "eval_fraction": 0.0, "num_rows": 1,
+            "num_tokens": seq_len}
+    return {**rec, "spec": {**spec, "dataset": rows}}
 
 
 def host_probe_us(rec: dict[str, Any]) -> float | None:

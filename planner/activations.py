@@ -15,7 +15,10 @@ modelling code (transformers 5, SDPA attention, bf16):
   of the input and an fp32 rank-r intermediate;
 * SDPA (flash / memory-efficient kernels) saves q and k after RoPE, v, the output and the fp32
   log-sum-exp per head; eager attention adds the fp32 softmax and its bf16 copy, seq^2 per head,
-  and expands grouped k/v to all heads;
+  and expands grouped k/v to all heads. Given an explicit mask (rows that pack several sequences or
+  carry padding), SDPA's memory-efficient kernel saves, in every layer, its own copy of the mask
+  in the activations' dtype (a row's seq^2, shared by the heads), and transformers expands grouped
+  k/v to all heads first (it uses SDPA's own grouped-query support only without a mask);
 * the gated MLP saves the gate output (activation input), the activation output and the up output;
 * the loss upcasts the logits to fp32; at the start of backward the saved log-softmax, the
   gradient arriving and the gradient leaving are all vocab-sized fp32 tensors.
@@ -111,7 +114,12 @@ def _attention_bytes(arch: Arch, act: int, setup: Setup) -> int:
         expanded_kv = 2 * act * q  # repeat_kv copies k and v to every head (a no-op without GQA)
         return act * q + expanded_kv + scores
     lse = _FP32 * arch.num_heads
-    return act * q + act * kv + v_bytes + act * q + lse
+    k_bytes, mask = act * kv, 0
+    if setup.attention_mask and setup.attn_implementation == "sdpa":
+        mask = act * setup.seq_len  # a row's seq x seq mask, per token of the row
+        if kv < q:  # grouped k/v expanded to every head
+            k_bytes = v_bytes = act * q
+    return act * q + k_bytes + v_bytes + act * q + lse + mask
 
 
 def _layer_saved(arch: Arch, setup: Setup, lora: LoraTargets | None, act: int) -> int:

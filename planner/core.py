@@ -298,7 +298,18 @@ def _base_setup(p: Prepared) -> Setup:
         attn_implementation=attention_for(p.arch, t.attn_implementation),
         knobs=p.pinned.knobs,
         loss_chunk_tokens=None if t.loss_chunk_tokens == AUTO else t.loss_chunk_tokens,
+        attention_mask=not _rows_fill_seq_len(p.spec),
     )
+
+
+def _rows_fill_seq_len(spec: JobSpec) -> bool:
+    """Whether every training row is one sequence of ``seq_len`` tokens (each example truncated to
+    it, as the dataset's counts show), so no row needs an attention mask: packing puts nothing
+    beside it and padding has nothing to fill. Without the counts, rows are planned as masked."""
+    ds = spec.dataset
+    if ds is None or ds.num_rows is None or ds.num_tokens is None:
+        return False
+    return ds.num_tokens >= ds.num_rows * spec.training.seq_len
 
 
 def attention_for(arch: Arch, requested: str | None) -> str:

@@ -503,6 +503,7 @@ def _activations(
     attn: str,
     zero3: bool,
     loss_chunk_tokens: int | None = None,
+    attention_mask: bool = False,
 ) -> ActivationEstimate:
     s = Setup(
         method=method,
@@ -518,6 +519,7 @@ def _activations(
         optimizer="adamw",
         attn_implementation=attn,
         loss_chunk_tokens=loss_chunk_tokens,
+        attention_mask=attention_mask,
     )
     return estimate_activations(facts.arch, s, facts.lora)
 
@@ -537,6 +539,7 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
         s.attn_implementation,
         s.zero_stage == 3,
         s.loss_chunk_tokens,
+        s.attention_mask,
     )
     bufs = _zero_buffers(facts, s, w)
     gathered = _gathered_bytes(facts, s)

@@ -224,7 +224,7 @@ def points(base: Setup, ch: Choices) -> Iterator[tuple[Setup, int]]:
                     for rank, knobs in enumerate(ch.knobs.get(stage, (b.knobs,))):
                         yield Setup(
                             b.method, gpus, stage, opt, par, micro, accum, b.seq_len, ckpt, b.precision,
-                            b.optimizer, b.attn_implementation, knobs, chunk,
+                            b.optimizer, b.attn_implementation, knobs, chunk, b.attention_mask,
                         ), rank
 
 

@@ -49,6 +49,9 @@ class Setup:
     knobs: ZeroKnobs = ZeroKnobs()
     #: the loss computed this many positions at a time (training.loss_chunk_tokens); None: full logits
     loss_chunk_tokens: int | None = None
+    #: whether the attention gets an explicit mask: a row holding more than one sequence (packing) or
+    #: padding (a packed row's gap, a padded batch); SDPA then runs its masked kernel (see activations.py)
+    attention_mask: bool = False
 
     @property
     def tokens_per_micro_batch(self) -> int:

@@ -137,3 +137,57 @@ def test_zero3_linear_and_fp32_adapters_match_autograd(monkeypatch: pytest.Monke
     predicted = saved_after_forward_bytes(arch, setup, lora)
     assert abs(predicted / measured - 1) < 0.015, (predicted, measured)
     assert predicted > 1.15 * saved_after_forward_bytes(arch, _setup("lora", "sdpa", 2, 64), lora)
+
+
+def _packed_batch(torch: Any, vocab: int, rows: int, seq: int) -> dict[str, Any]:
+    """Rows as the trainer packs them (worker's collate_packed): two examples and the gap, each
+    with positions from 0, so transformers hands SDPA an explicit mask."""
+    from worker._trainlib.data import Example, Packed, collate_packed
+
+    sizes = (seq // 2 + 5, seq // 4)
+    examples = [Example(list(range(1, n + 1)), list(range(1, n + 1))) for n in sizes]
+    batch = collate_packed(examples, [Packed((0, 1))] * rows, seq, pad=0)
+    return {k: torch.tensor(v) % vocab for k, v in batch.items()}
+
+
+def _saved_bytes(torch: Any, model: Any, batch: dict[str, Any]) -> int:
+    kept: list[Any] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        model(**batch, use_cache=False)  # as the trainer calls it: without a cache packing is detected
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kept}
+    return sum(n for ptr, n in storages.items() if ptr not in params)
+
+
+@pytest.mark.parametrize(("family", "method", "targets"), [
+    ("llama", "full", None),  # grouped k/v: expanded to every head under a mask
+    ("mistral", "full", None),  # as many k/v heads as heads: nothing to expand
+    ("phi3", "full", None),  # fused qkv with grouped k/v
+    ("qwen2", "lora", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+])
+def test_packed_rows_keep_a_mask_and_expanded_kv_in_every_layer(
+    family: str, method: str, targets: list[str] | None
+) -> None:
+    """The trainer's packed rows (their positions restart) make transformers hand SDPA an explicit
+    mask: what the forward keeps grows by the planner's masked attention terms."""
+    torch = pytest.importorskip("torch")
+    config = TINY_CONFIGS[family]
+    arch = arch_from_config(config)
+    lora = resolve_lora(arch, 8, targets, 0.0) if targets else None
+    batch, seq = 2, 128
+    model = hf_model(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    if method == "lora":
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                           target_modules=targets)).to(torch.bfloat16)
+    model.train()
+    rows = _packed_batch(torch, config["vocab_size"], batch, seq)
+    full_rows = {"input_ids": rows["input_ids"], "labels": rows["input_ids"]}  # one sequence a row
+    measured = _saved_bytes(torch, model, rows) - _saved_bytes(torch, model, full_rows)
+    masked_rows = _setup(method, "sdpa", batch, seq).with_(attention_mask=True)
+    masked = saved_after_forward_bytes(arch, masked_rows, lora)
+    unmasked = saved_after_forward_bytes(arch, _setup(method, "sdpa", batch, seq), lora)
+    # left out: RoPE's bf16 cos and sin, one per row where the rows' positions differ (one for all else)
+    rope = 2 * 2 * (batch - 1) * seq * arch.head_dim
+    assert masked - unmasked + rope == pytest.approx(measured, rel=0.02)
+    assert masked - unmasked >= 2 * batch * seq * seq * arch.num_layers  # a bf16 mask a row, every layer

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.accuracy import with_attention
+from bench.accuracy import as_run
 from planner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,9 +44,9 @@ KNOWN_ALLOCATED_MISSES = {
 
 
 def _records(*paths: Path) -> list[dict[str, Any]]:
-    """The records, each spec naming the attention its run used (``bench.accuracy.with_attention``)."""
+    """The records, each spec naming the attention and the rows its run used (``bench.accuracy.as_run``)."""
     lines = [line for path in paths or (RESULTS,) for line in path.read_text().splitlines()]
-    return [with_attention(json.loads(line)) for line in lines if line.strip()]
+    return [as_run(json.loads(line)) for line in lines if line.strip()]
 
 
 def _ran(*paths: Path) -> list[dict[str, Any]]:
