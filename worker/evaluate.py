@@ -56,7 +56,7 @@ def load_for_eval(run: RunConfig, checkpoint: Path, device: str) -> tuple[Any, A
     if not checkpoint.is_dir():
         raise JobFailure(USER_ERROR, "bad_checkpoint", f"checkpoint folder not found: {checkpoint}")
     dtype = modeling.torch_dtype(run.resolved.precision, device)
-    attn = modeling.attention_kwargs(run.spec)
+    attn = modeling.attention_kwargs(run.resolved.attn_implementation)
     has_tokenizer = (checkpoint / "tokenizer_config.json").is_file()
     tokenizer = modeling.load_tokenizer(checkpoint if has_tokenizer else run.model_dir)
     if (checkpoint / "adapter_config.json").is_file():

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESOLVED_KEYS = ("micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing", "zero_stage",
-                 "offload_optimizer", "offload_param", "num_gpus", "precision", "loss_chunk_tokens")
+                 "offload_optimizer", "offload_param", "num_gpus", "precision", "loss_chunk_tokens",
+                 "attn_implementation")
 # environment markers that let the reconciler find a job's processes after a worker dies
 ENV_JOB_ID = "TUNEBOX_JOB_ID"
 ENV_OWNER = "TUNEBOX_PROCESS_OWNER"

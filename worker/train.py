@@ -8,7 +8,8 @@ Run by the worker's launcher or the ``deepspeed`` launcher; the rank comes from 
   ``start`` {total_steps, start_step, resumed_from, pid, world_size, train_rows, eval_rows,
   trainable_params, gpu_memory_limit_bytes (what PyTorch's allocator is held to per GPU; null where
   nothing is limited), packed_rows, data (rows, tokens per row, truncated and dropped rows, tokens,
-  trained tokens: see ``worker/_trainlib/data.py``'s ``encode_report``)}; ``progress`` every optimizer
+  trained tokens: see ``worker/_trainlib/data.py``'s ``encode_report``), attn_implementation (the
+  attention the model runs)}; ``progress`` every optimizer
   step {step, total_steps, epoch, loss, lr, tokens_per_second (real tokens, never padding),
   samples_per_second, peak_gpu_bytes (PyTorch's reserved peak), peak_allocated_gpu_bytes,
   nvml_peak_bytes (when NVML sees this pid), host_rss_bytes, host_cpu_percent, eta_seconds};
@@ -150,7 +151,7 @@ class Trainer:
         client_optimizer = "optimizer" not in self.run.deepspeed_config
         if self.spec.training.optimizer.value == "adamw_8bit" and client_optimizer:
             modeling.check_8bit_optimizer(self.run.device)
-        modeling.attention_kwargs(self.spec)
+        modeling.attention_kwargs(self.run.resolved.attn_implementation)
         modeling.check_model_folder(self.run.model_dir)
         if self.is_rank0:
             ckpt.remove_partials(self.run.checkpoints_dir)
@@ -279,7 +280,7 @@ class Trainer:
         from worker._trainlib import modeling
 
         dtype = modeling.torch_dtype(self.run.resolved.precision, self.run.device)
-        extra: dict[str, Any] = modeling.attention_kwargs(self.spec)
+        extra: dict[str, Any] = modeling.attention_kwargs(self.run.resolved.attn_implementation)
         zero3 = int(self.ds_config.get("zero_optimization", {}).get("stage", 0)) == 3
         if zero3:
             from transformers.integrations.deepspeed import HfDeepSpeedConfig
@@ -291,6 +292,7 @@ class Trainer:
             extra.update(modeling.qlora_kwargs(dtype))
         model = modeling.load_causal_lm(self.run.model_dir, dtype, **extra)
         model.config.use_cache = False
+        self.attn_implementation = getattr(model.config, "_attn_implementation", None)
         if self.spec.method.value == "qlora":
             # frozen, and the unquantised weights kept in the precision they train in: peft's
             # prepare_model_for_kbit_training would first copy them to fp32, a transient of twice the
@@ -450,7 +452,8 @@ class Trainer:
                            world_size=self.world, train_rows=len(self.examples), eval_rows=self.eval_rows,
                            trainable_params=self.trainable_params,
                            gpu_memory_limit_bytes=self.gpu_memory_limit_bytes, data=self.data_report,
-                           packed_rows=len(self.packed) if self.packed is not None else None)
+                           packed_rows=len(self.packed) if self.packed is not None else None,
+                           attn_implementation=self.attn_implementation)
         final = resumed if resumed is not None and self.step >= self.total else None
         started, first_step, loss = time.perf_counter(), self.step, None
         save_every = self.spec.training.save_steps

@@ -41,7 +41,7 @@ def job_plan(num_gpus: int = 1, peak: int | None = 10 * GIB, eval_fits: bool = T
         "resolved": {"micro_batch_size": 1, "gradient_accumulation_steps": 1,
                      "gradient_checkpointing": False, "zero_stage": 3, "offload_optimizer": "cpu",
                      "offload_param": "cpu", "num_gpus": num_gpus, "precision": "fp32",
-                     "loss_chunk_tokens": 512},
+                     "loss_chunk_tokens": 512, "attn_implementation": "sdpa"},
         "deepspeed_config": {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
                              "zero_optimization": {"stage": 3}},
         "per_gpu": {"total_bytes": peak},

@@ -254,19 +254,35 @@ def test_an_oom_under_the_limit_names_the_plan_it_was_held_to(tmp_path: Path) ->
     assert "held to" not in json.loads((tmp_path / "failure.json").read_text())["message"]
 
 
-def test_attention_is_passed_to_transformers_only_when_the_job_names_one() -> None:
-    """A job that names no attention loads with transformers' pick (Gemma 2: eager in recent
-    transformers, which refuse SDPA for it); one that names it gets it."""
-    from planner.spec import JobSpec
+def test_the_model_is_loaded_with_the_attention_its_plan_was_made_for(tmp_path: Path) -> None:
+    """The plan resolves the attention (Gemma 2: eager, whose memory it counts; the rest: SDPA) and
+    the run file carries it, so the trainer and the evaluator load the model with it whatever
+    transformers would pick (5.17 gave Gemma 2 SDPA, 30% under the eager plan); a run file without
+    it falls back to the spec's, and to transformers' choice."""
+    from planner import plan
+    from worker import launcher
     from worker._trainlib.modeling import attention_kwargs
+    from worker._trainlib.runfile import RunConfig, load_run
 
-    def spec(**training: object) -> JobSpec:
-        return JobSpec.model_validate({"model": {"path": "/models/x"}, "dataset": {"path": "/data/x.jsonl"},
-                                       "training": training})
+    def run_file(model_type: str, **training: object) -> RunConfig:
+        config = {"model_type": model_type, "hidden_size": 64, "intermediate_size": 128,
+                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                  "vocab_size": 128}
+        spec = {"model": {"config": config}, "method": "lora", "training": training,
+                "hardware": {"gpu_count": 1, "gpu_memory_bytes": 2**34, "host_memory_bytes": 2**36}}
+        resolved = plan(spec).resolved.model_dump()
+        raw = {"job_id": "job_x", "spec": {**spec, "model": {"path": "/models/x"}},
+               "resolved": {k: resolved[k] for k in launcher.RESOLVED_KEYS}, "deepspeed_config": {},
+               "device": "cpu"}
+        (tmp_path / "run.json").write_text(json.dumps(raw))
+        return load_run(tmp_path)
 
-    assert attention_kwargs(spec()) == {}
-    assert attention_kwargs(spec(attn_implementation="eager")) == {"attn_implementation": "eager"}
-    assert attention_kwargs(spec(attn_implementation="sdpa")) == {"attn_implementation": "sdpa"}
+    gemma = run_file("gemma2")
+    assert attention_kwargs(gemma.resolved.attn_implementation) == {"attn_implementation": "eager"}
+    assert attention_kwargs(run_file("llama").resolved.attn_implementation) == {"attn_implementation": "sdpa"}
+    named = run_file("gemma2", attn_implementation="sdpa")
+    assert attention_kwargs(named.resolved.attn_implementation) == {"attn_implementation": "sdpa"}
+    assert attention_kwargs(None) == {}
 
 
 def test_an_attention_transformers_cannot_run_for_the_model_is_the_jobs_error(tmp_path: Path) -> None:

@@ -99,9 +99,10 @@ def load_causal_lm(path: Path, dtype: Any, **kwargs: Any) -> Any:
         raise JobFailure(USER_ERROR, "bad_model", f"cannot load the model in {path}: {exc}") from exc
 
 
-def attention_kwargs(spec: Any) -> dict[str, Any]:
-    """``attn_implementation`` for from_pretrained; flash attention is refused early when absent."""
-    impl = getattr(spec.training, "attn_implementation", None)
+def attention_kwargs(impl: str | None) -> dict[str, Any]:
+    """``attn_implementation`` for from_pretrained: the attention the plan was made for, so the
+    memory it planned is the memory the model takes whatever transformers would pick; flash
+    attention is refused early when absent."""
     if impl is None:
         return {}
     if impl == "flash_attention_2":

@@ -6,7 +6,7 @@
      "eval_dataset_path": str,               # "" unless the spec names eval.dataset
      "resolved": {"micro_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
                   "zero_stage", "offload_optimizer", "offload_param", "num_gpus", "precision",
-                  "loss_chunk_tokens"},
+                  "loss_chunk_tokens", "attn_implementation"},
      "deepspeed_config": {...}, "device": "cuda" | "cpu",
      "gpu_memory_limit_bytes": int | null}   # PyTorch allocator limit per GPU, from the plan
 
@@ -77,6 +77,8 @@ class Resolved:
     num_gpus: int
     precision: str
     loss_chunk_tokens: int | None = None  # None: the loss over the full logits
+    #: the attention the plan was made for, which the model is loaded with; None: transformers' choice
+    attn_implementation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ def _resolved(raw: dict[str, Any], spec: JobSpec, ds: dict[str, Any]) -> Resolve
         num_gpus=int(pick("num_gpus", r.num_gpus, 1)),
         precision=str(pick("precision", t.precision.value)),
         loss_chunk_tokens=None if chunk is None else int(chunk),
+        attn_implementation=pick("attn_implementation", t.attn_implementation),
     )
 
 
