@@ -296,8 +296,23 @@ def model_folder(config: dict[str, Any], where: Path) -> Path:
     return folder
 
 
+#: the rows ``main`` builds (``build_dataset``): 400 alpaca rows of 2529 tokens each (2533 at most)
+#: with the bench's tokenizer, as the trainer counted them in every report's job logs
+DATASET_ROWS, DATASET_ROW_TOKENS = 400, 2529
+
+
+def dataset_counts(job: dict[str, Any], seq_len: int) -> dict[str, int]:
+    """The job's training rows and their tokens after truncation to ``seq_len``: as its trainer
+    counted them, or (reports from before the count was kept) as the bench builds them."""
+    data = job.get("data") or {}
+    if data.get("rows") and data.get("tokens"):
+        return {"num_rows": int(data["rows"]), "num_tokens": int(data["tokens"])}
+    return {"num_rows": DATASET_ROWS, "num_tokens": DATASET_ROWS * min(DATASET_ROW_TOKENS, seq_len)}
+
+
 def replan(job: dict[str, Any], box: dict[str, Any], where: Path) -> Any:
-    """The job planned by today's planner with the configuration it ran, on the box it ran on."""
+    """The job planned by today's planner with the configuration it ran, on the box it ran on, for
+    the rows it trained on (whether they needed an attention mask)."""
     from planner import plan
     from planner.dsconfig import ZERO_KNOBS
 
@@ -311,6 +326,12 @@ def replan(job: dict[str, Any], box: dict[str, Any], where: Path) -> Any:
                         "gradient_accumulation_steps": resolved["gradient_accumulation_steps"],
                         "gradient_checkpointing": resolved["gradient_checkpointing"]}
     spec["hardware"] = box
+    spec["dataset"] = {"path": "rows.jsonl", "format": "alpaca", "eval_fraction": 0.0,
+                       **dataset_counts(job, resolved["seq_len"])}
+    # the attention the model ran: as the trainer reported it, else transformers' pick when the
+    # trainer left it to transformers, which was SDPA for every family in 5.17 (every earlier report)
+    spec["training"]["attn_implementation"] = (spec["training"].get("attn_implementation")
+                                               or job.get("attn_implementation") or "sdpa")
     return plan(spec)
 
 
@@ -389,6 +410,11 @@ def _result(client: httpx.Client, jid: str, data_dir: Path) -> dict[str, Any]:
         "steady_tokens_per_second": steady_tokens_per_second(progress, skip=2),
         "steady_step_seconds": steady_step_seconds(progress, skip=2),
         "steps": len(progress),
+        # the training rows as the trainer counted them (rows, tokens after truncation to seq_len)
+        # and the attention the model ran
+        "data": next((ln.get("data") for ln in lines if ln.get("type") == "start"), None),
+        "attn_implementation": next((ln.get("attn_implementation") for ln in lines
+                                     if ln.get("type") == "start"), None),
         "status_history": [(e["created_at"], e["data"]["to"], e["message"])
                            for e in events if e["kind"] == "status"],
         "gpus": job_row["gpu_indices"],
@@ -544,7 +570,7 @@ def main() -> int:
     t0 = time.monotonic()
     wanted = {j["model"] for p in args.phase for j in PHASES[p][1]}
     models = {m: build_model(m, args.work / "models" / m, "cuda") for m in sorted(wanted)}
-    data = build_dataset(args.work / "data" / "pattern.jsonl", rows=400, words=2500)
+    data = build_dataset(args.work / "data" / "pattern.jsonl", rows=DATASET_ROWS, words=2500)
     report: dict[str, Any] = {"hardware": box_hardware(), "setup_seconds": round(time.monotonic() - t0, 1),
                               "steps": args.steps, "phases": {}}
     for phase in args.phase:
