@@ -247,6 +247,22 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-gemma2-2b-z1-s2048-mb2-nockpt", "gemma-2-2b", "lora", ONE_GPU | {"zero_stage": 1},
             seq_len=2048, micro=2, accumulation=1, checkpointing=False),
     ]),
+    # configurations no record has, for the planner whose SDPA keeps a mask and expanded k/v in every
+    # layer of rows that pack or pad, and whose trainer runs the attention it planned (Gemma 2: eager)
+    "heldout6": (None, [
+        job("lora-gemma2-2b-z1-s2048-mb2-nockpt-eager", "gemma-2-2b", "lora", ONE_GPU | {"zero_stage": 1},
+            seq_len=2048, micro=2, accumulation=1, checkpointing=False),
+        job("qlora-mistral7b-z0-s4096-mb1-nockpt", "mistral-7b-v0.3", "qlora", Z0, seq_len=4096, micro=1,
+            accumulation=1, checkpointing=False),
+        job("lora-1.5b-z0-s4096-mb2-nockpt", "qwen2.5-1.5b", "lora", Z0, seq_len=4096, micro=2,
+            accumulation=1, checkpointing=False),
+        job("lora-llama8b-z1-s8192-mb1", "llama-3.1-8b", "lora", ONE_GPU | {"zero_stage": 1}, seq_len=8192,
+            micro=1, accumulation=1, checkpointing=True),
+        job("full-llama1b-z3-s2048-mb2", "llama-3.2-1b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=2048,
+            micro=2, accumulation=1, checkpointing=True),
+        job("lora-llama3b-z2-optoff-s4096-mb2", "llama-3.2-3b", "lora", ONE_GPU | {"zero_stage": 2,
+            "offload_optimizer": "cpu"}, seq_len=4096, micro=2, accumulation=1, checkpointing=True),
+    ]),
     # the loss in chunks against the full logits, the same 8B job otherwise (what a chunk costs a step)
     "chunk": (None, [
         job(f"lora-llama8b-z0-s2048-mb2-{name}", "llama-3.1-8b", "lora", Z0, seq_len=2048, micro=2,
@@ -259,7 +275,7 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
 }
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
-              "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5"}
+              "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
