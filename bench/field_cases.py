@@ -351,6 +351,18 @@ def replan(job: dict[str, Any], box: dict[str, Any], where: Path) -> Any:
     return plan(spec)
 
 
+def measured_step_seconds(job: dict[str, Any]) -> float | None:
+    """The trainer's median step time after warm-up; in reports from before that field, a step of
+    full rows at the median real tokens/s (which understates a step whose rows are part empty)."""
+    if job.get("steady_step_seconds"):
+        return float(job["steady_step_seconds"])
+    if not job.get("steady_tokens_per_second"):
+        return None
+    r = job["plan"]["resolved"]
+    tokens = r["micro_batch_size"] * r["gradient_accumulation_steps"] * r["seq_len"]
+    return float(tokens / job["steady_tokens_per_second"])
+
+
 def measured_jobs(paths: list[Path]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """(file:phase:job, job record, box) of every job that ran at least two steps."""
     out = []
@@ -375,7 +387,7 @@ def render(paths: list[Path], where: Path) -> str:
                  f"mb{r['micro_batch_size']}x{r['gradient_accumulation_steps']} s{r['seq_len']}")
         nvml = job["nvml_peak_bytes"]
         host = job.get("measured_host_rss_bytes")
-        step = job.get("steady_step_seconds")
+        step = measured_step_seconds(job)
         planned_now = now.per_gpu.total_bytes
         reserved, allocated = job["torch_reserved_peak_bytes"], job["torch_allocated_peak_bytes"]
         cells = [ident, f"{box['gpu_memory_bytes'] / GIB:.0f} GiB", setup,

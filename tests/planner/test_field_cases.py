@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bench.field_cases import measured_jobs, replan
+from bench.field_cases import measured_jobs, measured_step_seconds, replan
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "field-cases"
 GPU_BOUNDS = (-0.03, 0.10)
@@ -83,11 +83,8 @@ def test_the_planned_host_memory_of_offload_holds_what_the_worker_saw(
 def test_the_planned_step_time_holds_what_the_trainer_measured(job: dict[str, Any], box: dict[str, Any],
                                                                models: Path) -> None:
     planned = replan(job, box, models)
-    measured = job.get("steady_step_seconds")
-    if measured is None:  # a report from before the field: a step of full rows at the real tokens/s
-        r = job["plan"]["resolved"]
-        measured = r["micro_batch_size"] * r["gradient_accumulation_steps"] * r["seq_len"] / job[
-            "steady_tokens_per_second"]
+    measured = measured_step_seconds(job)
+    assert measured is not None
     error = (planned.estimated_step_seconds - measured) / measured
     assert abs(error) <= STEP_BOUND, (
         f"planned {planned.estimated_step_seconds:.3f} s, measured {measured:.3f} s ({error:+.1%})")
