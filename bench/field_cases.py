@@ -330,6 +330,12 @@ def replan(job: dict[str, Any], box: dict[str, Any], where: Path) -> Any:
     """The job planned by today's planner with the configuration it ran, on the box it ran on, for
     the rows it trained on (whether they needed an attention mask)."""
     from planner import plan
+
+    return plan(replan_spec(job, box, where))
+
+
+def replan_spec(job: dict[str, Any], box: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The spec ``replan`` plans: the job's configuration pinned, its box, rows and attention."""
     from planner.dsconfig import ZERO_KNOBS
 
     resolved = job["plan"]["resolved"]
@@ -348,7 +354,7 @@ def replan(job: dict[str, Any], box: dict[str, Any], where: Path) -> Any:
     # trainer left it to transformers, which was SDPA for every family in 5.17 (every earlier report)
     spec["training"]["attn_implementation"] = (spec["training"].get("attn_implementation")
                                                or job.get("attn_implementation") or "sdpa")
-    return plan(spec)
+    return spec
 
 
 def measured_step_seconds(job: dict[str, Any]) -> float | None:

@@ -31,10 +31,28 @@ class Constant:
 
 
 @dataclass(frozen=True)
+class Structure:
+    """A term of the estimator that no constant carries (a byte formula from how the libraries lay
+    memory out), with the records that showed it was missing: those records shaped the planner."""
+
+    name: str
+    meaning: str
+    records: tuple[str, ...]
+    basis: str
+
+
+@dataclass(frozen=True)
 class Calibration:
     constants: Mapping[str, Constant]
     #: the measurement files the fitted constants were fitted on; every other record is held out
     calibration_files: tuple[str, ...]
+    structure: tuple[Structure, ...] = ()
+
+    def shaping_records(self) -> frozenset[str]:
+        """Every file or job (``file:phase:job``) under bench/results that a constant or a
+        structural term was built on: records that can no longer test the planner."""
+        named = {r for c in self.constants.values() for r in c.records}
+        return frozenset(named | {r for s in self.structure for r in s.records})
 
     def __getitem__(self, name: str) -> Constant:
         return self.constants[name]
@@ -68,8 +86,10 @@ def _constant(name: str, raw: Mapping[str, Any]) -> Constant:
 
 
 def parse(raw: Mapping[str, Any]) -> Calibration:
+    structure = tuple(Structure(name=n, meaning=s["meaning"], records=tuple(s["records"]), basis=s["basis"])
+                      for n, s in (raw.get("structure") or {}).items())
     return Calibration(constants={n: _constant(n, c) for n, c in raw["constants"].items()},
-                       calibration_files=tuple(raw["calibration_files"]))
+                       calibration_files=tuple(raw["calibration_files"]), structure=structure)
 
 
 def load() -> Calibration:
