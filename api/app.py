@@ -31,8 +31,8 @@ from api.ops.router import router as ops_router
 from api.plans.router import router as plans_router
 from api.ratelimit import TokenBuckets
 from store.models import Job
+from tunebox.gpus import box_host_clock
 from tunebox.settings import Settings, get_settings
-from worker.gpus import box_host_clock
 
 TOKEN_CACHE_TTL_S = 5.0
 
@@ -51,12 +51,12 @@ def create_app(
     stream_timing: StreamTiming | None = None,
     worker_problem: Callable[[], str | None] | None = None,
 ) -> FastAPI:
-    """Build the API. ``enqueue`` replaces :func:`worker.dispatch.enqueue_job` (tests);
+    """Build the API. ``enqueue`` replaces :func:`tunebox.broker.enqueue_job` (tests);
     ``worker_problem`` says why the worker that ``tunebox serve`` runs beside it cannot run jobs
     (None while it can): readiness reports it and new jobs are refused."""
     settings = settings or get_settings()
     if enqueue is None:
-        from worker.dispatch import enqueue_job
+        from tunebox.broker import enqueue_job
 
         enqueue = enqueue_job
     db = open_database(settings.resolved_database_url)

@@ -567,7 +567,7 @@ def host_probe(work: Path, limit_s: float) -> dict[str, Any] | None:
 def probe_main(result: Path) -> int:
     import torch
 
-    from worker.hostclock import probe
+    from tunebox.hostclock import probe
 
     result.write_text(json.dumps(probe("cuda" if torch.cuda.is_available() else "cpu")))
     return 0
@@ -896,7 +896,7 @@ def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
         torch.cuda.set_device(local_rank)
     # the host's speed as this case found it, before DeepSpeed patches anything: the run's own
     # probe (env.host_probe) is one reading for every case of the run
-    from worker.hostclock import probe
+    from tunebox.hostclock import probe
 
     result["host_probe"] = probe("cuda" if cuda else "cpu")
     import deepspeed

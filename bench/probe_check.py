@@ -1,6 +1,6 @@
 """The box probe's figures against plain PyTorch measurements of the same things, on a GPU box.
 
-Runs the probe child exactly as the worker does (``python -m worker.probe``), then, each in its own
+Runs the probe child exactly as the worker does (``python -m tunebox.probe``), then, each in its own
 process:
 
 - the bf16 matmul rate of a plain ``torch.matmul`` loop timed with CUDA events, at the probe's shape
@@ -156,7 +156,7 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         probe = subprocess.run(
-            [sys.executable, "-m", "worker.probe", "--nvme-dir", tmp, "--cpu-adam"],
+            [sys.executable, "-m", "tunebox.probe", "--nvme-dir", tmp, "--cpu-adam"],
             capture_output=True,
             text=True,
             cwd=REPO,

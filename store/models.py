@@ -269,7 +269,7 @@ class GpuLease(Base):
 
 class BoxProbe(Base):
     """What a worker measured on its box for one set of GPUs, driver, torch and DeepSpeed versions
-    (``worker/probe.py``); a change of any of them is a new row."""
+    (``tunebox/probe.py``); a change of any of them is a new row."""
 
     __tablename__ = "box_probes"
     __table_args__ = (UniqueConstraint("host", "probe_key", name="uq_box_probes_host_key"),)

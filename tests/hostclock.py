@@ -1,4 +1,4 @@
-"""A stand-in for the host-clock probe's child process (worker/hostclock.py), for the tests of what
+"""A stand-in for the host-clock probe's child process (tunebox/hostclock.py), for the tests of what
 the service does with its figure; the probe itself runs for real in tests/worker/test_gpus.py."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from planner import constants as C
-from worker import hostclock
+from tunebox import hostclock
 
 
 def fake_probe(monkeypatch: pytest.MonkeyPatch, factor: float) -> list[str]:

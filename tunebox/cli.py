@@ -491,8 +491,8 @@ def _host_memory() -> int:
 
 def _local_hardware() -> Any:
     from planner.spec import HardwareSpec
+    from tunebox.gpus import local_inventory, nvme_unavailable
     from tunebox.settings import Settings
-    from worker.gpus import local_inventory, nvme_unavailable
 
     settings = Settings()
     gpus = [g for g in local_inventory(settings) if g.healthy]

@@ -27,7 +27,7 @@ WORKER_STOP_GRACE_S = 10.0
 
 def worker_argv(concurrency: int, queues: Sequence[str], settings: Settings) -> list[str]:
     """Celery worker arguments; concurrency 0 means two task slots per GPU (two jobs may share one)."""
-    from worker.gpus import host_name, local_inventory
+    from tunebox.gpus import host_name, local_inventory
 
     if concurrency <= 0:
         concurrency = max(1, 2 * len(local_inventory(settings)))
@@ -43,7 +43,7 @@ def run_worker(concurrency: int | None = None, queues: Sequence[str] = ("gpu",))
 
     ``concurrency`` None takes ``Settings.worker_concurrency`` (0: two task slots per GPU).
     """
-    from worker.celery_app import get_celery
+    from tunebox.broker import get_celery
 
     settings = get_settings()
     if concurrency is None:
@@ -185,8 +185,8 @@ class EmbeddedWorker:
 
     def _reap_runs(self) -> None:
         """Stop the training and evaluation processes the worker left behind (they live in own groups)."""
+        from tunebox.gpus import host_name
         from worker import launcher
-        from worker.gpus import host_name
         from worker.reconcile import owned_groups
 
         owner = launcher.owner_tag(self.settings, host_name(self.settings))

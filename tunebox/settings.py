@@ -95,7 +95,7 @@ class Settings(BaseSettings):
                                                 "them it is stopped and plans use the GPU catalogue, "
                                                 "then the settings.")] = 300.0
     box_probe_module: Annotated[str, Field(description="Python module run as the box probe "
-                                           "(`python -m MODULE --nvme-dir DIR`).")] = "worker.probe"
+                                           "(`python -m MODULE --nvme-dir DIR`).")] = "tunebox.probe"
     lease_ttl_s: Annotated[int, Field(ge=5, description="A GPU lease expires this long after its "
                                       "last heartbeat.")] = 120
     cancel_grace_s: Annotated[float, Field(ge=0, description="Seconds between SIGTERM and SIGKILL "

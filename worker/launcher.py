@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker.gpus import device_of_uuids
+from tunebox.gpus import device_of_uuids
 from worker.leasing import Grant
 
 if TYPE_CHECKING:

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
+from store import jobs
 from store.base import utcnow
 from store.db import session_scope
 from store.ids import new_id
-from store.models import Checkpoint, Job, JobEvent, MetricPoint
+from store.models import Checkpoint, JobEvent, MetricPoint
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +158,7 @@ class ProgressRecorder:
             return
         record = self._pending
         with session_scope(self.db_url) as s:
-            s.execute(update(Job).where(Job.id == self.job_id).values(**self._job_fields(record))
-                      .execution_options(synchronize_session=False))
+            jobs.set_fields(s, self.job_id, **self._job_fields(record))
             _upsert_metric(s, self.job_id, "train", record, self.peaks)
         self._last_write = time.monotonic()  # only once written: a failed first write is retried as one
         if self._pending is record:
@@ -218,8 +218,7 @@ class ProgressRecorder:
                    f"seq_len {report.get('seq_len')}, dropped: {dropped}; {report.get('tokens')} tokens, "
                    f"{report.get('trained_tokens')} trained")
         with session_scope(self.db_url) as s:
-            s.execute(update(Job).where(Job.id == self.job_id).values(data_report=report)
-                      .execution_options(synchronize_session=False))
+            jobs.set_fields(s, self.job_id, data_report=report)
             s.add(JobEvent(job_id=self.job_id, kind="data", actor="worker", message=message, data=report))
 
     def _record_done(self, record: dict[str, Any]) -> None:
@@ -290,6 +289,5 @@ class LogFollower:
         with session_scope(self.db_url) as s:
             s.add(JobEvent(job_id=self.job_id, kind="log", actor="worker", message=message,
                            data={"file": self.tail.path.name, "lines": len(lines)}))
-            s.execute(update(Job).where(Job.id == self.job_id).values(log_tail=self.text())
-                      .execution_options(synchronize_session=False))
+            jobs.set_fields(s, self.job_id, log_tail=self.text())
         self._pending = self._pending[len(lines):]  # written; kept until then for a database outage

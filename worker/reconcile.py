@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, func, or_, select
 
+from store import jobs
 from store.base import utcnow
 from store.db import session_scope
 from store.models import GpuLease, Job, JobEvent
 from store.states import ACTIVE, TERMINAL, JobStatus, transition
+from tunebox.gpus import host_name
 from worker import launcher, leasing
-from worker.gpus import host_name
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -99,7 +100,7 @@ def worker_alive(pid: int | None, claimed_before: datetime | None) -> bool:
 
 def _recover(url: str, job_id: str, host: str, settings: Settings, report: Report) -> None:
     with session_scope(url) as s:
-        job = s.scalars(select(Job).where(Job.id == job_id).with_for_update()).one_or_none()
+        job = jobs.lock(s, job_id)
         if job is None or job.status not in ACTIVE or not _still_lost(s, job, host):
             return
         outcome = recover_lost(s, job, settings, "the worker running this job stopped responding")
@@ -190,8 +191,8 @@ def _kill_orphans(url: str, host: str, settings: Settings, report: Report) -> No
     if not groups:
         return
     with session_scope(url) as s:
-        jobs = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_({g.job_id for g in groups})))}
-        orphans = [g for g in groups if _is_orphan(g, jobs.get(g.job_id), host)]
+        rows = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_({g.job_id for g in groups})))}
+        orphans = [g for g in groups if _is_orphan(g, rows.get(g.job_id), host)]
     for group in orphans:
         log.warning("killing orphaned process group %s of job %s", group.pgid, group.job_id)
         launcher.terminate_pgid(group.pgid, settings.cancel_grace_s)
@@ -230,9 +231,8 @@ def _resend_lost_messages(url: str, settings: Settings, report: Report) -> None:
     if not missing:
         return
     with session_scope(url) as s:
-        s.execute(update(Job).where(Job.id.in_(missing)).values(dispatch_checked_at=utcnow())
-                  .execution_options(synchronize_session=False))
         for job_id in missing:
+            jobs.set_fields(s, job_id, dispatch_checked_at=utcnow())
             s.add(JobEvent(job_id=job_id, kind="reconcile", actor=ACTOR,
                            message="the job's message was not on the broker; sent again"))
     for job_id in missing:
@@ -256,7 +256,7 @@ def broker_messages(settings: Settings) -> list[str]:
 def _redis_messages(url: str) -> Iterable[str]:
     import redis
 
-    from worker.dispatch import GPU_QUEUE
+    from tunebox.broker import GPU_QUEUE
 
     client = redis.Redis.from_url(url)
     try:
@@ -273,7 +273,7 @@ def _text(raw: bytes | str) -> str:
 
 
 def _folder_messages(settings: Settings) -> Iterable[str]:
-    from worker.celery_app import broker_folders
+    from tunebox.broker import broker_folders
 
     folder = broker_folders(settings)["data_folder_in"]
     for path in folder.glob("*.msg"):
@@ -283,8 +283,9 @@ def _folder_messages(settings: Settings) -> Iterable[str]:
 
 def enqueue(url: str, job_id: str) -> None:
     """Send the run task; only after the commit that left the job queued."""
-    from worker.dispatch import enqueue_job
+    from tunebox.broker import enqueue_job
 
     with session_scope(url) as s:
-        priority = s.scalar(select(Job.priority).where(Job.id == job_id)) or 0
+        row = jobs.columns(s, job_id, Job.priority)
+        priority = (row.priority if row is not None else 0) or 0
     enqueue_job(job_id, priority=priority)

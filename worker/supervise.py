@@ -27,11 +27,13 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
+from store import jobs
 from store.base import utcnow
 from store.dataset_reports import save_report
 from store.db import session_scope
 from store.models import Checkpoint, Gpu, Job, JobEvent
 from store.states import ACTIVE, IllegalTransition, JobStatus, transition
+from tunebox.gpus import NvmlSampler
 from tunebox.settings import Settings
 from worker import launcher, leasing, reconcile
 from worker._trainlib.runfile import (
@@ -42,7 +44,6 @@ from worker._trainlib.runfile import (
     EXIT_USER_ERROR,
     PAUSE_FILE,
 )
-from worker.gpus import NvmlSampler
 from worker.leasing import Grant
 from worker.progress import LineTail, LogFollower, ProgressRecorder, parse_records, record_eval_metric
 from worker.replan import replan_after_oom
@@ -242,7 +243,7 @@ class JobRun:
 
     def _status_verdict(self) -> Watch | None:
         with session_scope(self.url) as s:
-            row = s.execute(select(Job.status, Job.attempt).where(Job.id == self.job_id)).one_or_none()
+            row = jobs.columns(s, self.job_id, Job.status, Job.attempt)
         if row is None or row.attempt != self.attempt or JobStatus(row.status) not in ACTIVE:
             return Watch.LOST
         if JobStatus(row.status) is JobStatus.CANCELLING:
@@ -263,7 +264,7 @@ class JobRun:
         """Our leases expired (the database was out of reach too long): the cards may be another's."""
         log.error("job %s: GPU leases expired while running", self.job_id)
         with session_scope(self.url) as s:
-            job = s.scalars(select(Job).where(Job.id == self.job_id).with_for_update()).one_or_none()
+            job = jobs.lock(s, self.job_id)
             if job is not None and job.attempt == self.attempt and job.status in ACTIVE:
                 reconcile.recover_lost(s, job, self.settings, "the run's GPU leases expired")
         return Watch.LOST
@@ -314,7 +315,7 @@ class JobRun:
         when it is queued, else the failure with the reason it was not planned again."""
         def step() -> str | None:
             with session_scope(self.url) as s:
-                job = s.scalars(select(Job).where(Job.id == self.job_id).with_for_update()).one_or_none()
+                job = jobs.lock(s, self.job_id)
                 if job is None or job.attempt != self.attempt:
                     raise RunLost
                 cards = s.scalars(select(Gpu.memory_total_bytes).where(Gpu.id.in_(self.grant.gpu_ids))).all()
@@ -354,7 +355,7 @@ class JobRun:
                     **fields: Any) -> None:
         """A guarded move of this run's job; a cancel or a lost run that raced it is handled by the caller."""
         with session_scope(self.url) as s:
-            current = s.scalar(select(Job.attempt).where(Job.id == self.job_id))
+            current = jobs.attempt_of(s, self.job_id)
             if current != self.attempt:
                 raise RunLost
             transition(s, self.job_id, target, expected=self.status, actor=f"worker:{self.host}",
@@ -413,8 +414,8 @@ class JobRun:
 
     def _measured(self) -> dict[str, Any]:
         with session_scope(self.url) as s:
-            planned = s.execute(select(Job.planned_peak_gpu_bytes, Job.planned_host_bytes)
-                                .where(Job.id == self.job_id)).one()
+            planned = jobs.columns(s, self.job_id, Job.planned_peak_gpu_bytes, Job.planned_host_bytes)
+            assert planned is not None  # the row outlives its run
         return {"planned_peak_gpu_bytes": planned[0], "planned_host_bytes": planned[1],
                 **self.recorder.peak_fields()}
 
@@ -438,14 +439,13 @@ class JobRun:
     def _release(self) -> None:
         """Free the cards unless another run of the job holds them now."""
         with session_scope(self.url) as s:
-            attempt = s.scalar(select(Job.attempt).where(Job.id == self.job_id).with_for_update())
+            attempt = jobs.attempt_of(s, self.job_id, lock=True)
             if attempt == self.attempt:
                 leasing.release(s, self.job_id)
 
     def _update(self, **fields: Any) -> None:
         with session_scope(self.url) as s:
-            s.execute(update(Job).where(Job.id == self.job_id, Job.attempt == self.attempt).values(**fields)
-                      .execution_options(synchronize_session=False))
+            jobs.set_fields(s, self.job_id, attempt=self.attempt, **fields)
 
     def _event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
         with session_scope(self.url) as s:
@@ -561,7 +561,9 @@ class Evaluations:
 
 def _eval_settings(run: JobRun) -> tuple[str, int | None, bool]:
     with session_scope(run.url) as s:
-        spec, plan = s.execute(select(Job.spec, Job.plan).where(Job.id == run.job_id)).one()
+        row = jobs.columns(s, run.job_id, Job.spec, Job.plan)
+        assert row is not None  # the row outlives its run
+        spec, plan = row
     ev = (spec or {}).get("eval") or {}
     # beside the training only where the plan says both fit the card (its lease then holds both)
     fits = bool(((plan or {}).get("eval") or {}).get("fits_beside_training"))

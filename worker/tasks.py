@@ -18,20 +18,19 @@ from typing import Any
 
 from celery import Task
 from celery.signals import worker_ready, worker_shutdown
-from sqlalchemy import update
 
+from store import jobs
 from store.base import utcnow
 from store.db import session_scope
 from store.models import Job
 from store.states import IllegalTransition, JobStatus, transition
+from tunebox.broker import RUN_JOB_TASK, get_celery
+from tunebox.gpus import box_device, host_name, sync_inventory
+from tunebox.probe import probe_box
 from tunebox.settings import Settings, get_settings
 from worker import leasing
-from worker.celery_app import get_celery
-from worker.dispatch import RUN_JOB_TASK
-from worker.gpus import box_device, host_name, sync_inventory
 from worker.launcher import start_prebuild
 from worker.leasing import Grant
-from worker.probe import probe_box
 from worker.reconcile import reconcile_once
 from worker.supervise import JobRun
 
@@ -56,8 +55,7 @@ def claim(job_id: str, settings: Settings, task_id: str | None) -> tuple[Grant, 
                 return Skip.GONE
             grant = leasing.try_acquire(s, job, host, settings)
             if grant is None:
-                s.execute(update(Job).where(Job.id == job_id).values(dispatch_checked_at=utcnow())
-                          .execution_options(synchronize_session=False))
+                jobs.set_fields(s, job_id, dispatch_checked_at=utcnow())
                 return Skip.WAIT
             attempt = job.attempt + 1
             transition(s, job_id, JobStatus.STARTING, expected=JobStatus.QUEUED, actor=f"worker:{host}",

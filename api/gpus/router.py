@@ -7,9 +7,9 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from api.deps import CurrentUser, SessionDep, SettingsDep
-from worker.calibration import CalibrationReport, calibration
-from worker.gpus import GpuStatus, list_gpus
-from worker.probe import BoxProbeStatus, list_box_probes
+from tunebox.calibration import CalibrationReport, calibration
+from tunebox.gpus import GpuStatus, list_gpus
+from tunebox.probe import BoxProbeStatus, list_box_probes
 
 router = APIRouter(tags=["gpus"])
 

@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from store import jobs
 from store.models import Job, JobEvent
 from store.states import JobStatus
 
@@ -144,5 +145,5 @@ async def log_text(sessions: sessionmaker[Session], job_id: str, log: OpenLog, *
 
 def _state(sessions: sessionmaker[Session], job_id: str) -> tuple[JobStatus | None, str | None]:
     with sessions() as session:
-        row = session.execute(select(Job.status, Job.job_dir).where(Job.id == job_id)).first()
+        row = jobs.columns(session, job_id, Job.status, Job.job_dir)
     return (JobStatus(row.status), row.job_dir) if row is not None else (None, None)

@@ -50,6 +50,7 @@ from api.workers import no_worker
 from planner import Plan
 from planner.constants import GIB
 from planner.spec import DataSource, JobSpec
+from store import jobs
 from store.base import utcnow
 from store.dataset_reports import find_report
 from store.ids import new_id
@@ -120,20 +121,19 @@ def job_read(job: Job | Row[Any], owner: str) -> JobRead:
 
 def load_job(session: Session, job_id: str) -> tuple[Job, str]:
     """The job and its owner's name, or 404."""
-    row = session.execute(select(Job, User.name).join(User, User.id == Job.owner_id)
-                          .where(Job.id == job_id)).first()
-    if row is None:
+    found = jobs.with_owner(session, job_id)
+    if found is None:
         raise job_not_found(job_id)
-    return row[0], row[1]
+    return found
 
 
 def job_not_found(job_id: str) -> NotFound:
     return NotFound(f"no job {job_id}", errors=[FieldError("job_id", "no such job")])
 
 
-def _summaries(jobs: Select[tuple[Job]]) -> Select[tuple[Job, str]]:
-    """``jobs`` with their owner's name, without the large columns a summary does not show."""
-    return (jobs.add_columns(User.name).join(User, User.id == Job.owner_id)
+def _summaries(query: Select[tuple[Job]]) -> Select[tuple[Job, str]]:
+    """``query``'s jobs with their owner's name, without the large columns a summary does not show."""
+    return (query.add_columns(User.name).join(User, User.id == Job.owner_id)
             .options(defer(Job.spec), defer(Job.plan), defer(Job.eval_result), defer(Job.log_tail)))
 
 
@@ -522,8 +522,7 @@ def list_events(session: Session, job_id: str, after: int, limit: int) -> EventL
 
 
 def job_status(session: Session, job_id: str) -> JobStatus | None:
-    status = session.scalar(select(Job.status).where(Job.id == job_id))
-    return JobStatus(status) if status is not None else None
+    return jobs.status_of(session, job_id)
 
 
 _PROGRESS_COLUMNS: tuple[Any, ...] = (

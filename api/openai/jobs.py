@@ -7,7 +7,6 @@ from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request
-from sqlalchemy import update
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -20,7 +19,7 @@ from api.jobs.router import Submitter
 from api.openai import service
 from api.openai.errors import OpenAIRoute
 from api.openai.schemas import FineTuningJobCreate
-from store.models import Job
+from store import jobs as job_rows
 from tunebox.settings import Settings
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["openai"], route_class=OpenAIRoute)
@@ -69,12 +68,7 @@ def _create(
         idempotency.release(session, user.user_id, key)
         raise
     asked = body.model_dump(mode="json", exclude_none=True, exclude={"tunebox"})
-    session.execute(
-        update(Job)
-        .where(Job.id == created.id)
-        .values(openai_request=asked)
-        .execution_options(synchronize_session=False)
-    )
+    job_rows.set_fields(session, created.id, openai_request=asked)
     job, owner = service.readable_job(session, settings, user, created.id)
     obj = service.job_object(job, owner)
     idempotency.complete(session, user.user_id, key, 200, {"id": job.id}, job.id)

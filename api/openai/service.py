@@ -20,6 +20,7 @@ from api.jobs import idempotency
 from api.openai.errors import OpenAIError
 from api.openai.schemas import FILE_FORMAT, FineTuningJobCreate
 from planner.spec import JobSpec, TrainingSpec
+from store import jobs
 from store.models import Checkpoint, IdempotencyKey, Job, JobEvent, MetricPoint, User
 from store.states import JobStatus
 from tunebox.settings import Settings
@@ -244,9 +245,7 @@ def page(data: Sequence[dict[str, Any]], after: str | None, limit: int) -> dict[
 
 
 def readable_job(session: Session, settings: Settings, user: Principal, job_id: str) -> tuple[Job, str]:
-    row = session.execute(
-        select(Job, User.name).join(User, User.id == Job.owner_id).where(Job.id == job_id)
-    ).first()
+    row = jobs.with_owner(session, job_id)
     if row is None or not may_read(user, row[0].owner_id, settings):
         raise OpenAIError(
             404,

@@ -10,7 +10,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
 from store.states import JobStatus
-from worker.calibration import CalibrationReport, calibration
+from tunebox.calibration import CalibrationReport, calibration
 
 
 class ApiMetrics:
@@ -48,7 +48,7 @@ class _JobsCollector(Collector):
 
 
 class CalibrationCollector(Collector):
-    """Each box's planned-against-measured ratios (worker/calibration.py), read at scrape."""
+    """Each box's planned-against-measured ratios (tunebox/calibration.py), read at scrape."""
 
     def __init__(self, report: Callable[[], CalibrationReport]) -> None:
         self._report = report

@@ -59,7 +59,7 @@ def hardware_for(spec: JobSpec, session: Session, settings: Settings) -> Hardwar
     """``spec.hardware`` (what-if planning) or this box's GPUs and host memory."""
     if spec.hardware is not None:
         return spec.hardware
-    from worker.gpus import NoGpuError, box_hardware
+    from tunebox.gpus import NoGpuError, box_hardware
 
     try:
         hardware = box_hardware(session, settings)

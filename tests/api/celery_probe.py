@@ -12,7 +12,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from worker.dispatch import GPU_QUEUE, RUN_JOB_TASK
+from tunebox.broker import GPU_QUEUE, RUN_JOB_TASK
 
 app = Celery("probe", broker=os.environ["TUNEBOX_BROKER_URL"])
 app.conf.update(task_default_queue=GPU_QUEUE, task_acks_late=True, worker_prefetch_multiplier=1,

@@ -121,7 +121,7 @@ def build_env(url: str, roots: tuple[Path, Path], tmp: Path, *, worker: bool = T
 
 def report_gpus(url: str, settings: Settings) -> None:
     """What a worker's housekeeping writes each ``inventory_interval_s``: this box's GPU rows."""
-    from worker.gpus import sync_inventory
+    from tunebox.gpus import sync_inventory
 
     with session_scope(url) as session:
         sync_inventory(session, settings)

@@ -21,8 +21,8 @@ from store.states import JobStatus
 from tests.api.conftest import BOX, Env, build_env, job_spec, serve_in_thread
 from tests.worker.probe_boxes import FAKE_BOX
 from tunebox.cli import main
-from worker.gpus import STEP_TIME_MIN_JOBS
-from worker.probe import probe_box
+from tunebox.gpus import STEP_TIME_MIN_JOBS
+from tunebox.probe import probe_box
 
 GiB = 1024**3
 

@@ -25,16 +25,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def broker(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The real ``worker.dispatch.enqueue_job`` pointed at this session's Redis database."""
+    """The real ``tunebox.broker.enqueue_job`` pointed at this session's Redis database."""
+    from tunebox import broker as the_broker
     from tunebox.settings import get_settings
-    from worker import celery_app
 
     monkeypatch.setenv("TUNEBOX_BROKER_URL", redis_url)
     get_settings.cache_clear()
-    celery_app.get_celery.cache_clear()
+    the_broker.get_celery.cache_clear()
     yield redis_url
     get_settings.cache_clear()
-    celery_app.get_celery.cache_clear()
+    the_broker.get_celery.cache_clear()
 
 
 @pytest.fixture

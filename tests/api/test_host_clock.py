@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from tests.api.conftest import BOX, Env, job_spec
 from tests.hostclock import fake_probe
-from worker import gpus, hostclock
+from tunebox import gpus, hostclock
 
 
 def test_service_probes_its_host_clock_at_start_and_plans_scale_their_host_clock(

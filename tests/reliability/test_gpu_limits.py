@@ -15,8 +15,9 @@ from store.states import JobStatus, transition
 from tests.conftest import create_pg_database, drop_pg_database
 from tests.worker.conftest import migrate
 from tests.worker.factories import GIB, make_job, make_user
+from tunebox import gpus
 from tunebox.settings import Settings
-from worker import gpus, leasing
+from worker import leasing
 
 HOST = "limit-host"
 

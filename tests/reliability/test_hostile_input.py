@@ -24,7 +24,7 @@ from tests.api.conftest import SMALL_CONFIG, Env, build_env, job_spec
 from tests.reliability.support import TERMINAL, Stack, job_processes, lora_spec, submit
 from tests.tinydata import alpaca_rows, write_dataset
 from tests.worker.harness import REPO, wait_for, wait_job
-from worker import gpus
+from tunebox import gpus
 
 PROBLEM = "application/problem+json"
 GIB = 2**30

@@ -35,10 +35,10 @@ from store.states import ACTIVE, TERMINAL, IllegalTransition, JobStatus, transit
 from tests.conftest import truncate_all
 from tests.worker.factories import make_job, make_user
 from tests.worker.harness import worker_env
+from tunebox import gpus
+from tunebox.broker import GPU_QUEUE, enqueue_job, get_celery
 from tunebox.settings import Settings, get_settings
-from worker import gpus, leasing, reconcile, tasks
-from worker.celery_app import get_celery
-from worker.dispatch import GPU_QUEUE, enqueue_job
+from worker import leasing, reconcile, tasks
 
 S = JobStatus
 HOST = "prop-host"

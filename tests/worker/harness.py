@@ -17,9 +17,8 @@ from sqlalchemy import select
 from store.db import session_scope
 from store.models import Gpu, Job
 from store.states import JobStatus
+from tunebox.broker import GPU_QUEUE, RUN_JOB_TASK, make_celery
 from tunebox.settings import Settings
-from worker.celery_app import make_celery
-from worker.dispatch import GPU_QUEUE, RUN_JOB_TASK
 
 REPO = Path(__file__).resolve().parents[2]
 GIB = 2**30

@@ -12,8 +12,8 @@ from store.db import session_scope
 from store.models import Gpu, GpuLease, Job
 from store.states import JobStatus
 from tests.worker.factories import GIB, job_plan, make_job, make_user
+from tunebox import gpus
 from tunebox.settings import Settings
-from worker import gpus
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ def test_box_with_nvme_says_whether_deepspeeds_async_io_op_builds_here(db_url, s
 def test_box_host_clock_factor_comes_from_the_settings_or_a_probe_of_a_gpu_host(db_url, settings,
                                                                                 monkeypatch):
     from tests.hostclock import fake_probe
-    from worker import hostclock
+    from tunebox import hostclock
 
     probed = fake_probe(monkeypatch, 2.0)
     with session_scope(db_url) as s:  # CPU stand-ins: the constants' host, nothing probed
@@ -202,7 +202,7 @@ def test_an_old_host_clock_figure_is_probed_again_in_the_background(settings, mo
 
     from planner.constants import HOST_HOOK_REFERENCE_US
     from tests.hostclock import fake_probe
-    from worker import hostclock
+    from tunebox import hostclock
 
     probed = fake_probe(monkeypatch, 2.0)
     quick = settings.model_copy(update={"host_probe_max_age_s": 60.0})
@@ -253,7 +253,7 @@ def test_host_probe_runs_in_its_own_process_and_reports_microseconds():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "worker.hostclock", "--device", "cpu"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tunebox.hostclock", "--device", "cpu"], capture_output=True,
                           text=True, timeout=300, check=True)
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["device"] == "cpu"

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from tunebox import gpus
 from tunebox.settings import Settings
-from worker import gpus, launcher
+from worker import launcher
 from worker.leasing import Grant
 
 pytestmark = pytest.mark.gpu

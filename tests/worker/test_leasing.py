@@ -13,8 +13,9 @@ from store.db import session_scope
 from store.models import Gpu, GpuLease, Job
 from store.states import JobStatus, transition
 from tests.worker.factories import GIB, make_job, make_user
+from tunebox import gpus
 from tunebox.settings import Settings
-from worker import gpus, leasing
+from worker import leasing
 
 HOST = "lease-host"
 

@@ -15,9 +15,9 @@ from store.db import session_scope
 from store.models import BoxProbe, Gpu
 from tests.worker.factories import GIB
 from tests.worker.probe_boxes import FAKE_BOX
+from tunebox import gpus
+from tunebox.probe import box_identity, latest_probe, probe_box, probe_key, run_probe
 from tunebox.settings import Settings
-from worker import gpus
-from worker.probe import box_identity, latest_probe, probe_box, probe_key, run_probe
 
 
 @pytest.fixture

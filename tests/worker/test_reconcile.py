@@ -18,9 +18,10 @@ from store.models import Gpu, GpuLease, Job, JobEvent
 from store.states import JobStatus, transition
 from tests.worker.factories import make_job, make_user
 from tests.worker.harness import worker_env
+from tunebox import gpus
+from tunebox.broker import get_celery
 from tunebox.settings import Settings, get_settings
-from worker import gpus, launcher, leasing, reconcile
-from worker.celery_app import get_celery
+from worker import launcher, leasing, reconcile
 
 S = JobStatus
 

@@ -123,7 +123,7 @@ def nvml_uuids() -> list[str]:
     """The box's NVIDIA cards as NVML lists them; skips the test where there are none."""
     import pytest
 
-    from worker import gpus
+    from tunebox import gpus
 
     found = gpus._nvml_inventory()
     if not found:

@@ -27,7 +27,7 @@ from planner.spec import FigureSource, HardwareSpec
 from store.base import utcnow
 from store.models import Gpu, GpuLease, Job
 from store.states import JobStatus
-from worker.hostclock import box_host_clock_factor
+from tunebox.hostclock import box_host_clock_factor
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -290,7 +290,7 @@ def probed_rates(session: Session, host: str) -> dict[str, float]:
     """``gpu_bf16_tflops`` and ``pcie_gbps`` of ``host`` from its latest successful box probe, in the
     planner's terms (planner/hardware.py); empty where it has none."""
     from planner.hardware import pcie_bytes_per_s_from_probe, tflops_from_probe
-    from worker.probe import latest_probe
+    from tunebox.probe import latest_probe
 
     probe = latest_probe(session, host)
     if probe is None or probe.status != "ok":
@@ -305,7 +305,7 @@ def probed_rates(session: Session, host: str) -> dict[str, float]:
 
 
 def box_host_clock(settings: Settings) -> float | None:
-    """This box's ``hardware.host_clock_factor`` (worker/hostclock.py): probed where NVML sees GPUs,
+    """This box's ``hardware.host_clock_factor`` (tunebox/hostclock.py): probed where NVML sees GPUs,
     and again in the background once ``host_probe_max_age_s`` old. The service starts the first
     probe when it starts; a plan that arrives while it runs waits for its figure."""
     return box_host_clock_factor(settings, lambda: bool(_nvml_inventory()))

@@ -1,7 +1,7 @@
 """The box probe: what this box's GPUs and host do, measured once per set of GPUs, driver, torch and
 DeepSpeed version, and stored per box (``box_probes``) for every plan made for it.
 
-It measures, in a child process (``python -m worker.probe``) so the worker never holds a CUDA
+It measures, in a child process (``python -m tunebox.probe``) so the worker never holds a CUDA
 context of its own: the memory a training process has outside PyTorch's allocator (CUDA context
 and cuBLAS workspaces, then NCCL's communicator), as NVML sees it; the bf16 matmul rate at a 7B
 model's MLP shape; pinned host-to-device and device-to-host copies; DeepSpeed's CPU Adam rate on
@@ -192,7 +192,7 @@ def probe_box(settings: Settings, identity: dict[str, Any] | None = None) -> Box
     meanwhile) and stored."""
     if not settings.box_probe:
         return None
-    from worker.gpus import host_name
+    from tunebox.gpus import host_name
 
     host = host_name(settings)
     identity = identity if identity is not None else box_identity()
@@ -401,7 +401,7 @@ class BoxProbeStatus(BaseModel):
 
 
 def list_box_probes(session: Session) -> list[BoxProbeStatus]:
-    from worker.gpus import probed_rates
+    from tunebox.gpus import probed_rates
 
     hosts = sorted(set(session.scalars(select(BoxProbe.host).distinct())))
     out = []

@@ -8,7 +8,7 @@ times moved with it), so the planner scales its host clock by this box's reading
 one probe is itself a noisy figure (eight in a row on an idle box read 15.5-22.4 us).
 
 The probe times one small module call through a forward pre-hook and a forward hook on the
-training device. It runs in a child process (``python -m worker.hostclock``), so the service's own
+training device. It runs in a child process (``python -m tunebox.hostclock``), so the service's own
 process never creates a CUDA context; ``bench/measure.py`` records the same figures with every
 benchmark run.
 """
@@ -84,7 +84,7 @@ def probe(device_name: str, repeats: int = 5) -> dict[str, Any]:
 
 
 def _probe_in_child(device_name: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "worker.hostclock", "--device", device_name],
+    done = subprocess.run([sys.executable, "-m", "tunebox.hostclock", "--device", device_name],
                           capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result

@@ -3,7 +3,7 @@
 Every succeeded job keeps its plan and, next to it, what it measured (``jobs``: tokens/s, the GPU
 peak as PyTorch and NVML saw it, the host RSS peak). ``calibration`` reads them per box for
 ``GET /v1/calibration`` and the Prometheus metrics; the box's step-time factor that plans apply is
-``worker.gpus.learned_step_time_factor``.
+``tunebox.gpus.learned_step_time_factor``.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def _job(row: Job) -> JobCalibration:
 
 def calibration(session: Session, host: str | None = None) -> CalibrationReport:
     """Every box's (or ``host``'s) latest succeeded jobs, planned against measured."""
-    from worker.gpus import learned_step_time_factor
+    from tunebox.gpus import learned_step_time_factor
 
     hosts_query = select(Job.worker_host).where(
         Job.status == JobStatus.SUCCEEDED, Job.worker_host.is_not(None)

@@ -1,0 +1,57 @@
+"""The reads and writes of one job row that the API, the worker and the reconciler share, by name.
+
+Status changes are not here: they go through ``store.states.transition`` (guarded, with their event).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Row, select, update
+from sqlalchemy.orm import InstrumentedAttribute, Session
+
+from store.models import Job, User
+from store.status import JobStatus
+
+__all__ = ["attempt_of", "columns", "lock", "set_fields", "status_of", "with_owner"]
+
+
+def lock(session: Session, job_id: str) -> Job | None:
+    """The job row, locked for this transaction (``SELECT ... FOR UPDATE``), or None."""
+    return session.scalars(select(Job).where(Job.id == job_id).with_for_update()).one_or_none()
+
+
+def with_owner(session: Session, job_id: str) -> tuple[Job, str] | None:
+    """The job and its owner's name, or None."""
+    row = session.execute(select(Job, User.name).join(User, User.id == Job.owner_id)
+                          .where(Job.id == job_id)).first()
+    return (row[0], row[1]) if row is not None else None
+
+
+def columns(session: Session, job_id: str, *cols: InstrumentedAttribute[Any]) -> Row[Any] | None:
+    """Some columns of the job, without loading the row (its spec and plan are large), or None."""
+    return session.execute(select(*cols).where(Job.id == job_id)).first()
+
+
+def status_of(session: Session, job_id: str) -> JobStatus | None:
+    status = session.scalar(select(Job.status).where(Job.id == job_id))
+    return JobStatus(status) if status is not None else None
+
+
+def attempt_of(session: Session, job_id: str, *, lock: bool = False) -> int | None:
+    """Which run of the job is current (each start after a requeue is a new attempt); ``lock`` holds
+    the row until the transaction ends, so the attempt cannot change under the caller."""
+    query = select(Job.attempt).where(Job.id == job_id)
+    return session.scalar(query.with_for_update() if lock else query)
+
+
+def set_fields(session: Session, job_id: str, *, attempt: int | None = None, **values: Any) -> int:
+    """Write columns of the job (never its status: see ``store.states.transition``); with ``attempt``,
+    only while that run is still the job's current one. Returns how many rows changed (0 or 1)."""
+    if "status" in values:
+        raise ValueError("a job's status changes through store.states.transition")
+    query = update(Job).where(Job.id == job_id)
+    if attempt is not None:
+        query = query.where(Job.attempt == attempt)
+    result = session.execute(query.values(**values).execution_options(synchronize_session=False))
+    return int(result.rowcount)  # type: ignore[attr-defined]
