@@ -161,7 +161,8 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
     facts = model_facts(arch, spec.method.value, lora, spec.training.precision.value, shard)
     pinned = parse_pinned(spec.resources.deepspeed)
     nvme_bytes = 0 if hw.nvme_unavailable else hw.nvme_bytes
-    bounds = Bounds(hw.gpu_count, hw.gpu_memory_bytes, hw.host_memory_bytes, nvme_bytes)
+    bounds = Bounds(hw.gpu_count, hw.gpu_memory_bytes, hw.host_memory_bytes, nvme_bytes,
+                    figures.gpu_memory_correction.value)
     rates = GpuRates(
         flops=figures.gpu_flops.value,
         pcie_bytes_per_s=figures.pcie_bytes_per_s.value,

@@ -191,6 +191,7 @@ class ResolvedHardware:
     nvme_bytes: Figure
     step_time_factor: Figure
     host_clock_factor: Figure
+    gpu_memory_correction: Figure
 
 
 def _given(hw: HardwareSpec, field: str, fallback: Source = "spec") -> Source:
@@ -263,6 +264,7 @@ def resolve_hardware(hw: HardwareSpec, precision: str = "bf16") -> ResolvedHardw
         nvme_bytes=Figure(hw.nvme_bytes, _given(hw, "nvme_bytes")),
         step_time_factor=_factor(hw, "step_time_factor"),
         host_clock_factor=_factor(hw, "host_clock_factor"),
+        gpu_memory_correction=_factor(hw, "gpu_memory_correction"),
     )
 
 
@@ -284,4 +286,5 @@ def planned_hardware(r: ResolvedHardware) -> PlannedHardware:
         nvme_bytes=_out(r.nvme_bytes, "bytes"),
         step_time_factor=_out(r.step_time_factor, "ratio"),
         host_clock_factor=_out(r.host_clock_factor, "ratio"),
+        gpu_memory_correction=_out(r.gpu_memory_correction, "ratio"),
     )

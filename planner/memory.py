@@ -524,7 +524,9 @@ def _activations(
     return estimate_activations(facts.arch, s, facts.lora)
 
 
-def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
+def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> MemoryEstimate:
+    """``s``'s memory on a box whose learned ``correction`` scales the allocator's slack and the CUDA
+    context (``hardware.gpu_memory_correction``); the allocated terms stay what the structure gives."""
     w = weight_bytes(s.precision)
     weights = _device_weights(facts, s)
     grads = _gradients(facts, s, w)
@@ -556,8 +558,8 @@ def estimate_memory(facts: ModelFacts, s: Setup) -> MemoryEstimate:
     forward_backward = resident + gathered + max(before_gradients, reducing)
     step = resident + grads.step + bufs.step
     allocated = max(forward_backward, step)
-    slack = _allocator_slack(facts, s, w, gathered)
-    context = C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0)
+    slack = correction * _allocator_slack(facts, s, w, gathered)
+    context = correction * (C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0))
     init_allocated, init_reserved = _initialization(facts, s)
     init_reserved += _reduction_stream_blocks(facts, s, w)
     # ZeRO-1's step runs beside the cached blocks of the per-parameter gradients it has just freed

@@ -210,6 +210,8 @@ class PlannedHardware(_Out):
     nvme_bytes: HardwareFigure
     step_time_factor: HardwareFigure
     host_clock_factor: HardwareFigure
+    #: scales the allocator's slack and the CUDA context of the plan (hardware.gpu_memory_correction)
+    gpu_memory_correction: HardwareFigure
 
 
 class Plan(_Out):

@@ -81,6 +81,8 @@ class Bounds:
     gpu_bytes: int
     host_bytes: int
     nvme_bytes: int
+    #: the box's learned scale of the allocator's slack and the CUDA context (1: none learned)
+    memory_correction: float = 1.0
 
     @property
     def gpu_usable(self) -> int:
@@ -145,7 +147,7 @@ def fits_bounds(memory: MemoryEstimate, s: Setup, bounds: Bounds) -> bool:
 
 
 def evaluate(facts: ModelFacts, s: Setup, bounds: Bounds, rates: GpuRates) -> Candidate:
-    memory = estimate_memory(facts, s)
+    memory = estimate_memory(facts, s, bounds.memory_correction)
     return Candidate(s, memory, estimate_speed(facts, s, rates), fits_bounds(memory, s, bounds))
 
 
@@ -263,7 +265,7 @@ def search(
         group = _states_key(s)
         if group in too_big:
             continue
-        memory = estimate_memory(facts, s)
+        memory = estimate_memory(facts, s, bounds.memory_correction)
         if memory.weights_bytes + memory.optimizer_states_bytes > usable:
             too_big.add(group)
         c = Candidate(s, memory, speed, fits_bounds(memory, s, bounds))

@@ -179,6 +179,10 @@ class HardwareSpec(_Strict):
     #: Measured over planned step time on this box, learned from its finished jobs; multiplies every
     #: step-time figure of the plan. The service fills it in for its own box.
     step_time_factor: Annotated[float, Field(ge=0.01, le=1000)] | None = None
+    #: What this box's jobs held on their GPU beyond their plans' allocated peaks, over what their plans
+    #: gave that room (the allocator's cache and the memory outside PyTorch), learned from its finished
+    #: jobs; scales those two terms of every plan, never the allocated figures. The service fills it in.
+    gpu_memory_correction: Annotated[float, Field(ge=0.25, le=4)] | None = None
     #: This host's speed at what sets a step's host clock (Python, kernel launches, ZeRO-3's module
     #: hooks) relative to the host the step-time constants describe: a module call through two
     #: Python hooks timed on this box over HOST_HOOK_REFERENCE_US (planner.host_clock_factor).

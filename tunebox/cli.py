@@ -128,7 +128,9 @@ def _print_hardware(plan: dict[str, Any], out: TextIO) -> None:
     print(f"planned for: {card}; memory from {hw['gpu_memory_bytes']['source']}, "
           f"{f['value'] / 1e12:.0f} TFLOPS from {f['source']}, PCIe {p['value'] / 1e9:.1f} GB/s from "
           f"{p['source']}, step-time factor {hw['step_time_factor']['value']:.2f} from "
-          f"{hw['step_time_factor']['source']}", file=out)
+          f"{hw['step_time_factor']['source']}, memory correction "
+          f"{hw['gpu_memory_correction']['value']:.2f} from {hw['gpu_memory_correction']['source']}",
+          file=out)
 
 
 def print_plan(plan: dict[str, Any], out: TextIO) -> None:

@@ -264,6 +264,9 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
     step_factor = learned_step_time_factor(session, host)
     if step_factor is not None:
         sources["step_time_factor"] = "learned"
+    memory_correction = learned_memory_correction(session, host)
+    if memory_correction is not None:
+        sources["gpu_memory_correction"] = "learned"
     clock = box_host_clock(settings)
     if clock is not None:
         sources["host_clock_factor"] = "setting" if settings.host_clock_factor is not None else "probe"
@@ -271,6 +274,7 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
                         host_memory_bytes=_host_memory_bytes(settings), nvme_bytes=settings.nvme_bytes,
                         nvme_path=str(settings.nvme_path) if settings.nvme_path else None,
                         step_time_factor=step_factor, host_clock_factor=clock,
+                        gpu_memory_correction=memory_correction,
                         nvme_unavailable=nvme_unavailable(settings), gpu_bf16_tflops=tflops, pcie_gbps=pcie,
                         disk_free_bytes=job_disk_free_bytes(settings), sources=sources)
 
@@ -364,6 +368,46 @@ def learned_step_time_factor(session: Session, host: str | None = None) -> float
     low, high = STEP_TIME_FACTOR_BOUNDS
     factor: float = statistics.median(ratios)
     return round(min(high, max(low, factor)), 4)
+
+
+#: How many of the latest succeeded jobs the box's memory correction is learned from, and the fewest
+#: it needs; the correction's bounds (the spec's): at most 4x the planned slack and context, at least
+#: a quarter of them
+MEMORY_JOBS = 20
+MEMORY_MIN_JOBS = 3
+MEMORY_CORRECTION_BOUNDS = (0.25, 4.0)
+
+
+def memory_correction_ratio(total: float | None, slack: float | None, context: float | None,
+                            carried: float | None, measured_peak: float) -> float | None:
+    """What one job held beyond its plan's allocated peak (its ``per_gpu`` total, slack and context),
+    over what its plan gave that room before the correction it already ``carried``."""
+    if not total or slack is None or context is None or slack + context <= 0:
+        return None
+    room = (slack + context) / (carried or 1.0)
+    return max(0.0, measured_peak - (total - slack - context)) / room
+
+
+def learned_memory_correction(session: Session, host: str | None = None) -> float | None:
+    """The largest ratio (:func:`memory_correction_ratio`) among the box's latest succeeded jobs that
+    measured their GPU peak: no recent job of this box would have been planned short by it, and where
+    they all held less than planned the plans shrink to what the most demanding of them needed. None
+    until enough jobs have finished."""
+    # four figures of each plan, not the whole plans: this runs on every plan and submission
+    fields = [Job.plan[path].as_float() for path in (
+        ("per_gpu", "total_bytes"), ("per_gpu", "allocator_slack_bytes"), ("per_gpu", "cuda_context_bytes"),
+        ("hardware", "gpu_memory_correction", "value"))]
+    query = (select(*fields, Job.measured_peak_gpu_bytes)
+             .where(Job.status == JobStatus.SUCCEEDED, Job.measured_peak_gpu_bytes > 0)
+             .order_by(Job.finished_at.desc()).limit(MEMORY_JOBS))
+    if host is not None:
+        query = query.where(Job.worker_host == host)
+    ratios = [r for *figures, peak in session.execute(query).all()
+              if (r := memory_correction_ratio(*figures, float(peak))) is not None]
+    if len(ratios) < MEMORY_MIN_JOBS:
+        return None
+    low, high = MEMORY_CORRECTION_BOUNDS
+    return round(min(high, max(low, max(ratios))), 4)
 
 
 def _table_box(session: Session) -> tuple[str | None, int, int, str | None]:

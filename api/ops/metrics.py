@@ -63,6 +63,9 @@ class CalibrationCollector(Collector):
         factor = GaugeMetricFamily("tunebox_calibration_step_time_factor",
                                    "Step-time factor plans for a box apply (learned from its jobs)",
                                    labels=["host"])
+        memory = GaugeMetricFamily("tunebox_calibration_gpu_memory_correction",
+                                   "Scale of the allocator slack and CUDA context plans for a box apply "
+                                   "(learned from its jobs)", labels=["host"])
         ratios = {
             name: GaugeMetricFamily(f"tunebox_calibration_{name}_ratio", text, labels=["host", "stat"])
             for name, text in (("step_time", "Measured over planned step time of a box's jobs"),
@@ -73,6 +76,8 @@ class CalibrationCollector(Collector):
             jobs.add_metric([box.host], box.jobs)
             if box.step_time_factor is not None:
                 factor.add_metric([box.host], box.step_time_factor)
+            if box.gpu_memory_correction is not None:
+                memory.add_metric([box.host], box.gpu_memory_correction)
             for name, spread in (("step_time", box.step_time), ("gpu_peak", box.gpu_peak),
                                  ("host_peak", box.host_peak)):
                 for stat in ("median", "low", "high", "median_abs_error"):
@@ -81,6 +86,7 @@ class CalibrationCollector(Collector):
                         ratios[name].add_metric([box.host, stat], value)
         yield jobs
         yield factor
+        yield memory
         yield from ratios.values()
 
     def describe(self) -> Iterator[Metric]:

@@ -21,7 +21,7 @@ from store.states import JobStatus
 from tests.api.conftest import BOX, Env, build_env, job_spec, serve_in_thread
 from tests.worker.probe_boxes import FAKE_BOX
 from tunebox.cli import main
-from tunebox.gpus import STEP_TIME_MIN_JOBS
+from tunebox.gpus import MEMORY_MIN_JOBS, STEP_TIME_MIN_JOBS
 from tunebox.probe import probe_box
 
 GiB = 1024**3
@@ -109,6 +109,41 @@ def test_a_learned_correction_moves_the_next_plan_and_says_so(pg_env: Env) -> No
     )
 
 
+def _held(plan: dict[str, Any], share: float) -> float:
+    """``gpu_over`` for jobs that held the plan's allocated peak and ``share`` of the room it gave the
+    allocator's slack and the CUDA context."""
+    g = plan["per_gpu"]
+    room = g["allocator_slack_bytes"] + g["cuda_context_bytes"]
+    return float((g["total_bytes"] - room + share * room) / g["total_bytes"])
+
+
+@pytest.mark.parametrize("shares", [(0.5, 0.7, 0.6), (1.3, 1.6, 1.1)], ids=["held-less", "held-more"])
+def test_a_learned_memory_correction_scales_the_next_plans_slack_and_context(
+        pg_env: Env, shares: tuple[float, float, float]) -> None:
+    """The box's finished jobs held their allocated peaks and part (or more) of the room their plans
+    gave the allocator and the context: the next plan gives the room the most demanding of them
+    needed, and its allocated figures stay what the structure says."""
+    first = _plan(pg_env)
+    assert first["hardware"]["gpu_memory_correction"]["source"] == "default"
+    assert len(shares) >= MEMORY_MIN_JOBS
+    for share in shares:
+        _finished_jobs(pg_env, first, slower=1.0, n=1, gpu_over=_held(first, share))
+    second = _plan(pg_env)
+    assert second["hardware"]["gpu_memory_correction"]["source"] == "learned"
+    assert second["hardware"]["gpu_memory_correction"]["value"] == pytest.approx(max(shares), abs=1e-3)
+    a, b = first["per_gpu"], second["per_gpu"]
+    for term in ("forward_backward_bytes", "optimizer_step_bytes", "weights_bytes", "activations_bytes"):
+        assert b[term] == a[term]
+    assert b["allocator_slack_bytes"] == pytest.approx(max(shares) * a["allocator_slack_bytes"], rel=1e-3)
+    room = a["allocator_slack_bytes"] + a["cuda_context_bytes"]
+    assert b["total_bytes"] == pytest.approx(a["total_bytes"] + (max(shares) - 1) * room, rel=1e-3)
+    # the second plan's own jobs teach the same correction, not a compounded one
+    _finished_jobs(pg_env, second, slower=1.0, n=MEMORY_MIN_JOBS, gpu_over=_held(first, max(shares))
+                   * a["total_bytes"] / b["total_bytes"])
+    third = _plan(pg_env)
+    assert third["hardware"]["gpu_memory_correction"]["value"] == pytest.approx(max(shares), abs=1e-3)
+
+
 def test_calibration_and_metrics_show_planned_against_measured_per_box(pg_env: Env) -> None:
     plan = _plan(pg_env)
     _finished_jobs(pg_env, plan, slower=1.5, n=STEP_TIME_MIN_JOBS, gpu_over=1.1)
@@ -119,6 +154,10 @@ def test_calibration_and_metrics_show_planned_against_measured_per_box(pg_env: E
     assert box["step_time_factor"] == pytest.approx(1.5)
     assert box["step_time"]["median"] == pytest.approx(1.5) and box["step_time"]["median_abs_error"] == 0.5
     assert box["gpu_peak"]["median"] == pytest.approx(1.1, rel=1e-3)
+    g = plan["per_gpu"]  # each job held 10% of its plan's total beyond it: that much more room
+    room = g["allocator_slack_bytes"] + g["cuda_context_bytes"]
+    correction = 1 + 0.1 * g["total_bytes"] / room
+    assert box["gpu_memory_correction"] == pytest.approx(correction, abs=1e-3)
     assert box["host_peak"]["median"] == pytest.approx(0.5, rel=1e-3)
     assert len(box["history"]) == STEP_TIME_MIN_JOBS
     assert pg_env.client.get(
@@ -129,6 +168,8 @@ def test_calibration_and_metrics_show_planned_against_measured_per_box(pg_env: E
     host = _box(pg_env)
     assert f'tunebox_calibration_step_time_ratio{{host="{host}",stat="median"}} 1.5' in metrics
     assert f'tunebox_calibration_step_time_factor{{host="{host}"}} 1.5' in metrics
+    learned = box["gpu_memory_correction"]
+    assert f'tunebox_calibration_gpu_memory_correction{{host="{host}"}} {learned}' in metrics
     assert f'tunebox_calibration_jobs{{host="{host}"}} {float(STEP_TIME_MIN_JOBS)}' in metrics
 
 
