@@ -26,6 +26,17 @@ from typing import Any, Protocol, TypeVar
 if __package__ in (None, ""):  # run as a script: make ``planner`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.accuracy_service import (  # noqa: E402
+    Observation,
+    anchors_section,
+    breakdown_section,
+    observation,
+    report_files,
+    service_hardware,
+    service_observations,
+    service_section,
+)
+from bench.accuracy_service import stats as _stats  # noqa: E402
 from planner import Plan, PlanError, plan  # noqa: E402
 from planner import constants as C  # noqa: E402
 from planner.calibration import trial  # noqa: E402
@@ -280,17 +291,6 @@ def _host_table(rows: Sequence[Row]) -> list[str]:
             f"{_gib(row.plan.host.total_bytes)} |"
         )
     return out
-
-
-def _stats(errors: Sequence[float]) -> str:
-    if not errors:
-        return "no data"
-    worst_under = min(errors)
-    return (
-        f"median |error| {statistics.median(abs(e) for e in errors) * 100:.1f}%, worst under-estimate "
-        f"{min(0.0, worst_under) * 100:+.1f}%, worst over-estimate {max(0.0, max(errors)) * 100:+.1f}% "
-        f"({len(errors)} cases)"
-    )
 
 
 def summary(rows: Sequence[Row]) -> dict[str, list[float]]:
@@ -900,7 +900,48 @@ def _without_probes(rec: dict[str, Any]) -> dict[str, Any]:
 _SLACK_CV_HEADING = "## Cross-validation of the allocator-slack fit"
 
 
-def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
+def harness_observations(rows: Sequence[Row]) -> list[Observation]:
+    calibrated = _calibrated_cases(rows)
+    return [observation("harness", _group(r, calibrated), r.plan, nvml) for r in rows
+            if r.status == "ok" and r.plan is not None and (nvml := r.measured("nvml_peak_bytes"))]
+
+
+def service_sections(rows: Sequence[Row], reports: Sequence[Path]) -> list[str]:
+    """The service's own jobs, the breakdown per family, method, stage, offload and GPUs, and the
+    anchors, over the harness's records and the service's jobs together."""
+    service = service_observations(reports)
+    every = [*harness_observations(rows), *service]
+    return [
+        "## The service's own jobs",
+        "`bench/field_cases.py` runs jobs through `tunebox serve`, trained by the service's own trainer "
+        "on the plan's own DeepSpeed config (`docs/field-cases.md`); each is planned again with the "
+        "configuration, box, rows and attention it ran. In-sample: the jobs of the files, or the jobs, a "
+        "constant or a structural term of `planner/data/calibration.json` was built on "
+        "(`Calibration.shaping_records`); held-out: the rest. Reports: "
+        + ", ".join(f"`{_display(p)}`" for p in reports) + ".",
+        *service_hardware(reports),
+        "",
+        *service_section(service),
+        "",
+        "## GPU peak by family, method, ZeRO stage, offload and GPUs",
+        "The harness's records and the service's jobs together; errors against NVML's peak.",
+        "",
+        *breakdown_section(every),
+        "",
+        "## Anchors on the same records",
+        "What a user could have asked instead, against the same NVML peaks: DeepSpeed's own estimator of "
+        "the model states (`estimate_zero2_model_states_mem_needs` for ZeRO 0-2, "
+        "`estimate_zero3_model_states_mem_needs` for ZeRO-3; every parameter trained, no activations, no "
+        "CUDA context) and accelerate's rule (`accelerate estimate-memory`, \"Training using Adam\": 8 "
+        "bytes a parameter in bf16). Neither knows LoRA, QLoRA or activations; both are what their tools "
+        "print for the model and configuration.",
+        "",
+        *anchors_section(every),
+        "",
+    ]
+
+
+def render(rows: Sequence[Row], sources: Sequence[Path], reports: Sequence[Path] = ()) -> str:
     stats = summary(rows)
     oom = [r for r in rows if r.status == "oom"]
     missed = [r.case for r in oom if r.plan is not None and r.plan.fits]
@@ -939,6 +980,7 @@ def render(rows: Sequence[Row], sources: Sequence[Path]) -> str:
         f"## Summary: calibration configurations measured again by other files ({len(again)})",
         *(_summary_lines(summary(again)) if again else ["- none"]),
         "",
+        *(service_sections(rows, reports) if reports else []),
         "## Step time over ten steps",
         *ten_steps(rows),
         "",
@@ -1005,7 +1047,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     rows = plan_records(load_records(sources))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    text = render(rows, sources)
+    text = render(rows, sources, report_files())
     args.out.write_text(text, encoding="utf-8")
     calib, held, again = split_groups(rows)
     for group, members in (("calibration", calib), ("held-out", held), ("measured again", again)):
