@@ -49,7 +49,7 @@ from planner.search import (
     non_dominated,
     search,
 )
-from planner.setup import Device, Setup
+from planner.setup import OffloadDevice, Setup
 from planner.spec import AUTO, HardwareSpec, JobSpec
 from planner.speed import GpuRates
 
@@ -208,11 +208,11 @@ def _refuse_what_the_box_cannot_run(spec: JobSpec, hw: HardwareSpec) -> None:
 # --- the search space from the spec -------------------------------------------------------------------
 
 
-def _device(value: object, pinned_device: object) -> tuple[Device, ...] | None:
+def _device(value: object, pinned_device: object) -> tuple[OffloadDevice, ...] | None:
     if value != AUTO:
-        return (str(getattr(value, "value", value)),)  # type: ignore[return-value]
-    if pinned_device in ("none", "cpu", "nvme"):
-        return (pinned_device,)
+        return (OffloadDevice(str(value)),)
+    if pinned_device in tuple(OffloadDevice):
+        return (OffloadDevice(str(pinned_device)),)
     return None
 
 
@@ -231,8 +231,8 @@ def _stage(p: Prepared) -> tuple[int, ...] | None:
 def _check_explicit(
     p: Prepared,
     stages: tuple[int, ...] | None,
-    opt: tuple[Device, ...] | None,
-    par: tuple[Device, ...] | None,
+    opt: tuple[OffloadDevice, ...] | None,
+    par: tuple[OffloadDevice, ...] | None,
 ) -> None:
     if p.spec.method.value == "qlora" and stages and stages[0] == 3:
         raise PlanError("resources.zero_stage", "QLoRA runs under ZeRO stage 0, 1 or 2: the trainer loads "
@@ -285,17 +285,17 @@ def _pinned_knob_fields(p: Prepared) -> frozenset[str]:
 def _base_setup(p: Prepared) -> Setup:
     t = p.spec.training
     return Setup(
-        method=p.spec.method.value,
+        method=p.spec.method,
         num_gpus=1,
         zero_stage=0,
-        offload_optimizer="none",
-        offload_param="none",
+        offload_optimizer=OffloadDevice.NONE,
+        offload_param=OffloadDevice.NONE,
         micro_batch_size=1,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         seq_len=t.seq_len,
         gradient_checkpointing=False,
-        precision=t.precision.value,
-        optimizer=t.optimizer.value,
+        precision=t.precision,
+        optimizer=t.optimizer,
         attn_implementation=attention_for(p.arch, t.attn_implementation),
         knobs=p.pinned.knobs,
         loss_chunk_tokens=None if t.loss_chunk_tokens == AUTO else t.loss_chunk_tokens,

@@ -35,7 +35,7 @@ from planner import constants as C
 from planner.activations import ActivationEstimate, estimate_activations
 from planner.arch import Arch
 from planner.lora import LoraTargets
-from planner.setup import Method, Precision, Setup, ZeroKnobs
+from planner.setup import Method, OffloadDevice, Optimizer, Precision, Setup, ZeroKnobs
 
 __all__ = [
     "HostEstimate",
@@ -316,17 +316,17 @@ def _replay_gathered(facts: ModelFacts, checkpointing: bool, precision: Precisio
     are live. With one GPU and no parameter offload the "gathered" tensor is the partition itself.
     """
     s = Setup(
-        method="full",
+        method=Method.FULL,
         num_gpus=2,
         zero_stage=3,
-        offload_optimizer="none",
-        offload_param="none",
+        offload_optimizer=OffloadDevice.NONE,
+        offload_param=OffloadDevice.NONE,
         micro_batch_size=1,
         gradient_accumulation_steps=1,
         seq_len=1,
         gradient_checkpointing=checkpointing,
         precision=precision,
-        optimizer="adamw",
+        optimizer=Optimizer.ADAMW,
         knobs=knobs,
     )
     trace = _trace(facts, s)
@@ -509,14 +509,14 @@ def _activations(
         method=method,
         num_gpus=1,
         zero_stage=3 if zero3 else 0,
-        offload_optimizer="none",
-        offload_param="none",
+        offload_optimizer=OffloadDevice.NONE,
+        offload_param=OffloadDevice.NONE,
         micro_batch_size=micro,
         gradient_accumulation_steps=1,
         seq_len=seq,
         gradient_checkpointing=checkpointing,
         precision=precision,
-        optimizer="adamw",
+        optimizer=Optimizer.ADAMW,
         attn_implementation=attn,
         loss_chunk_tokens=loss_chunk_tokens,
         attention_mask=attention_mask,

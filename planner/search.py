@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from planner import constants as C
 from planner.memory import MemoryEstimate, ModelFacts, estimate_memory
-from planner.setup import Device, Setup, ZeroKnobs
+from planner.setup import OffloadDevice, Setup, ZeroKnobs
 from planner.speed import GpuRates, SpeedEstimate, estimate_speed
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
     "search",
 ]
 
-_DEVICES: tuple[Device, ...] = ("none", "cpu", "nvme")
+_DEVICES: tuple[OffloadDevice, ...] = tuple(OffloadDevice)
 
 #: ZeRO-3 knobs that trade memory for collectives the step-time model does not charge: the lean set
 #: is tried only after the default at the same point, so it is chosen only where it makes a point fit.
@@ -112,8 +112,8 @@ class Choices:
     num_gpus: Sequence[int]
     micro_batch_size: Sequence[int] | None  # None: any divisor of the per-GPU batch
     zero_stage: Sequence[int]
-    offload_optimizer: Sequence[Device]
-    offload_param: Sequence[Device]
+    offload_optimizer: Sequence[OffloadDevice]
+    offload_param: Sequence[OffloadDevice]
     gradient_checkpointing: Sequence[bool]
     global_batch: int
     explicit_accumulation: int | None  # with micro-batch and GPUs pinned, accumulation is the user's
@@ -192,7 +192,7 @@ def _batch_splits(ch: Choices) -> Iterator[tuple[int, int, int]]:
                 yield gpus, micro, per_gpu // micro
 
 
-def _valid(stage: int, opt: Device, par: Device, base: Setup) -> bool:
+def _valid(stage: int, opt: OffloadDevice, par: OffloadDevice, base: Setup) -> bool:
     if opt != "none" and stage == 0:
         return False  # DeepSpeed offloads the optimizer only through ZeRO 1-3
     if par != "none" and stage != 3:
@@ -202,7 +202,7 @@ def _valid(stage: int, opt: Device, par: Device, base: Setup) -> bool:
     return not (opt != "none" and base.optimizer == "adamw_8bit")
 
 
-def _tier(opt: Device, par: Device) -> int:
+def _tier(opt: OffloadDevice, par: OffloadDevice) -> int:
     return 2 if "nvme" in (opt, par) else 1 if "cpu" in (opt, par) else 0
 
 
@@ -305,7 +305,7 @@ def fixes_found(current: Setup, limit: int) -> Callable[[Sequence[Candidate]], b
 
 
 def all_choices(base: Setup, bounds: Bounds, global_batch: int) -> Choices:
-    devices: tuple[Device, ...] = _DEVICES if bounds.nvme_bytes > 0 else ("none", "cpu")
+    devices = _DEVICES if bounds.nvme_bytes > 0 else (OffloadDevice.NONE, OffloadDevice.CPU)
     return Choices(
         num_gpus=range(1, bounds.gpu_count + 1),
         micro_batch_size=None,

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
 
-__all__ = ["Device", "Method", "OptimizerName", "Precision", "Setup", "ZeroKnobs"]
+from planner.enums import Method, OffloadDevice, Optimizer, Precision
 
-Method = Literal["full", "lora", "qlora"]
-Precision = Literal["bf16", "fp16", "fp32"]
-OptimizerName = Literal["adamw", "adamw_8bit", "lion", "sgd"]
-Device = Literal["none", "cpu", "nvme"]
+__all__ = ["Method", "OffloadDevice", "Optimizer", "Precision", "Setup", "ZeroKnobs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,14 +33,14 @@ class Setup:
     method: Method
     num_gpus: int
     zero_stage: int
-    offload_optimizer: Device
-    offload_param: Device
+    offload_optimizer: OffloadDevice
+    offload_param: OffloadDevice
     micro_batch_size: int
     gradient_accumulation_steps: int
     seq_len: int
     gradient_checkpointing: bool
     precision: Precision
-    optimizer: OptimizerName
+    optimizer: Optimizer
     attn_implementation: str = "sdpa"
     knobs: ZeroKnobs = ZeroKnobs()
     #: the loss computed this many positions at a time (training.loss_chunk_tokens); None: full logits

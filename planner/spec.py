@@ -12,6 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planner.constants import HOST_CLOCK_FACTOR_BOUNDS
+from planner.enums import Method, OffloadDevice, Optimizer, Precision
+
+__all__ = ["AUTO", "Auto", "JobSpec", "Method", "OffloadDevice", "Optimizer", "Precision"]
 
 Auto = Literal["auto"]
 AUTO: Auto = "auto"
@@ -19,31 +22,6 @@ AUTO: Auto = "auto"
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
-
-
-class Method(StrEnum):
-    LORA = "lora"
-    QLORA = "qlora"
-    FULL = "full"
-
-
-class Precision(StrEnum):
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP32 = "fp32"
-
-
-class Optimizer(StrEnum):
-    ADAMW = "adamw"
-    ADAMW_8BIT = "adamw_8bit"
-    LION = "lion"
-    SGD = "sgd"
-
-
-class OffloadDevice(StrEnum):
-    NONE = "none"
-    CPU = "cpu"
-    NVME = "nvme"
 
 
 class DatasetFormat(StrEnum):
