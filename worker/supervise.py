@@ -415,7 +415,8 @@ class JobRun:
     def _measured(self) -> dict[str, Any]:
         with session_scope(self.url) as s:
             planned = jobs.columns(s, self.job_id, Job.planned_peak_gpu_bytes, Job.planned_host_bytes)
-            assert planned is not None  # the row outlives its run
+        if planned is None:
+            raise RunLost
         return {"planned_peak_gpu_bytes": planned[0], "planned_host_bytes": planned[1],
                 **self.recorder.peak_fields()}
 
@@ -562,8 +563,9 @@ class Evaluations:
 def _eval_settings(run: JobRun) -> tuple[str, int | None, bool]:
     with session_scope(run.url) as s:
         row = jobs.columns(s, run.job_id, Job.spec, Job.plan)
-        assert row is not None  # the row outlives its run
-        spec, plan = row
+    if row is None:
+        raise RunLost
+    spec, plan = row
     ev = (spec or {}).get("eval") or {}
     # beside the training only where the plan says both fit the card (its lease then holds both)
     fits = bool(((plan or {}).get("eval") or {}).get("fits_beside_training"))
