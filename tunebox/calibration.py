@@ -3,7 +3,7 @@
 Every succeeded job keeps its plan and, next to it, what it measured (``jobs``: tokens/s, the GPU
 peak as PyTorch and NVML saw it, the host RSS peak). ``calibration`` reads them per box for
 ``GET /v1/calibration`` and the Prometheus metrics; the box's step-time factor and memory correction
-that plans apply are ``tunebox.gpus.learned_step_time_factor`` and ``learned_memory_correction``.
+that plans apply are ``tunebox.gpus.learned_corrections``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class BoxCalibration(BaseModel):
     #: the factor plans for this box apply (None: too few jobs yet)
     step_time_factor: float | None
     #: the scale of the allocator's slack and the CUDA context plans for this box apply (None: too few
-    #: jobs yet; tunebox.gpus.learned_memory_correction)
+    #: jobs yet; tunebox.gpus.learned_corrections)
     gpu_memory_correction: float | None
     step_time: Spread
     gpu_peak: Spread
@@ -114,7 +114,7 @@ def _job(row: Job) -> JobCalibration:
 
 def calibration(session: Session, host: str | None = None) -> CalibrationReport:
     """Every box's (or ``host``'s) latest succeeded jobs, planned against measured."""
-    from tunebox.gpus import learned_memory_correction, learned_step_time_factor
+    from tunebox.gpus import learned_corrections
 
     hosts_query = select(Job.worker_host).where(
         Job.status == JobStatus.SUCCEEDED, Job.worker_host.is_not(None)
@@ -131,12 +131,13 @@ def calibration(session: Session, host: str | None = None) -> CalibrationReport:
             .limit(JOBS_PER_BOX)
         ).all()
         history = [_job(r) for r in rows]
+        learned = learned_corrections(session, box)
         boxes.append(
             BoxCalibration(
                 host=box,
                 jobs=len(history),
-                step_time_factor=learned_step_time_factor(session, box),
-                gpu_memory_correction=learned_memory_correction(session, box),
+                step_time_factor=learned.step_time_factor,
+                gpu_memory_correction=learned.gpu_memory_correction,
                 step_time=_spread([j.step_time_ratio for j in history]),
                 gpu_peak=_spread([j.gpu_peak_ratio for j in history]),
                 host_peak=_spread([j.host_peak_ratio for j in history]),

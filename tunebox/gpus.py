@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from planner.spec import FigureSource, HardwareSpec
 from store.base import utcnow
@@ -261,10 +261,10 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
     rates = {} if stand_in else probed_rates(session, host)
     sources.update(dict.fromkeys(rates, "probe"))
     tflops, pcie = rates.get("gpu_bf16_tflops"), rates.get("pcie_gbps")
-    step_factor = learned_step_time_factor(session, host)
+    learned = learned_corrections(session, host)
+    step_factor, memory_correction = learned.step_time_factor, learned.gpu_memory_correction
     if step_factor is not None:
         sources["step_time_factor"] = "learned"
-    memory_correction = learned_memory_correction(session, host)
     if memory_correction is not None:
         sources["gpu_memory_correction"] = "learned"
     clock = box_host_clock(settings)
@@ -339,43 +339,23 @@ def nvme_offload_problem() -> str | None:
     return None
 
 
-#: How many of the latest succeeded jobs the box's step-time factor is learned from, and the
-#: fewest it needs: one job's rate says little (its last steps, a checkpoint, a neighbour's load).
-STEP_TIME_JOBS = 20
+#: How many of the latest succeeded jobs a box's corrections are learned from, and the fewest each
+#: needs: one job's rate or peak says little (its last steps, a checkpoint, a neighbour's load).
+LEARNED_JOBS = 20
 STEP_TIME_MIN_JOBS = 3
-STEP_TIME_FACTOR_BOUNDS = (0.1, 100.0)
-
-
-def learned_step_time_factor(session: Session, host: str | None = None) -> float | None:
-    """Measured over planned step time on this box (``host``; every box where None): the median over
-    its latest succeeded jobs of planned tokens/s over measured tokens/s, each times the factor its
-    own plan already carried. None until enough jobs have finished."""
-    # the two figures, not the whole plans: this runs on every plan and submission
-    query = (
-        select(Job.plan["estimated_tokens_per_second"].as_float(), Job.plan["step_time_factor"].as_float(),
-               Job.tokens_per_second)
-        .where(Job.status == JobStatus.SUCCEEDED, Job.tokens_per_second > 0)
-        .order_by(Job.finished_at.desc())
-        .limit(STEP_TIME_JOBS)
-    )
-    if host is not None:
-        query = query.where(Job.worker_host == host)
-    rows = session.execute(query).all()
-    ratios = [planned * (carried or 1.0) / measured for planned, carried, measured in rows
-              if planned is not None and planned > 0]
-    if len(ratios) < STEP_TIME_MIN_JOBS:
-        return None
-    low, high = STEP_TIME_FACTOR_BOUNDS
-    factor: float = statistics.median(ratios)
-    return round(min(high, max(low, factor)), 4)
-
-
-#: How many of the latest succeeded jobs the box's memory correction is learned from, and the fewest
-#: it needs; the correction's bounds (the spec's): at most 4x the planned slack and context, at least
-#: a quarter of them
-MEMORY_JOBS = 20
 MEMORY_MIN_JOBS = 3
+STEP_TIME_FACTOR_BOUNDS = (0.1, 100.0)
+#: the memory correction's bounds (the spec's): at most 4x the planned slack and context, at least a
+#: quarter of them
 MEMORY_CORRECTION_BOUNDS = (0.25, 4.0)
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What a box's finished jobs teach its next plans (None: too few jobs yet)."""
+
+    step_time_factor: float | None
+    gpu_memory_correction: float | None
 
 
 def memory_correction_ratio(total: float | None, slack: float | None, context: float | None,
@@ -388,26 +368,43 @@ def memory_correction_ratio(total: float | None, slack: float | None, context: f
     return max(0.0, measured_peak - (total - slack - context)) / room
 
 
-def learned_memory_correction(session: Session, host: str | None = None) -> float | None:
-    """The largest ratio (:func:`memory_correction_ratio`) among the box's latest succeeded jobs that
-    measured their GPU peak: no recent job of this box would have been planned short by it, and where
-    they all held less than planned the plans shrink to what the most demanding of them needed. None
-    until enough jobs have finished."""
-    # four figures of each plan, not the whole plans: this runs on every plan and submission
-    fields = [Job.plan[path].as_float() for path in (
-        ("per_gpu", "total_bytes"), ("per_gpu", "allocator_slack_bytes"), ("per_gpu", "cuda_context_bytes"),
+def learned_corrections(session: Session, host: str | None = None) -> Learned:
+    """The box's (``host``'s; every box's where None) corrections, from its latest succeeded jobs that
+    measured their rate or their GPU peak, in one read of a few figures of each plan, not the whole
+    plans (this runs on every plan and submission):
+
+    - the step-time factor: the median of planned over measured tokens/s, each times the factor its
+      own plan already carried;
+    - the memory correction: the largest ratio (:func:`memory_correction_ratio`), so no recent job of
+      the box would have been planned short by it, and where they all held less than planned the
+      plans shrink to what the most demanding of them needed.
+    """
+    figures = [Job.plan[path].as_float() for path in (
+        ("estimated_tokens_per_second",), ("step_time_factor",), ("per_gpu", "total_bytes"),
+        ("per_gpu", "allocator_slack_bytes"), ("per_gpu", "cuda_context_bytes"),
         ("hardware", "gpu_memory_correction", "value"))]
-    query = (select(*fields, Job.measured_peak_gpu_bytes)
-             .where(Job.status == JobStatus.SUCCEEDED, Job.measured_peak_gpu_bytes > 0)
-             .order_by(Job.finished_at.desc()).limit(MEMORY_JOBS))
+    query = (select(*figures, Job.tokens_per_second, Job.measured_peak_gpu_bytes)
+             .where(Job.status == JobStatus.SUCCEEDED,
+                    or_(Job.tokens_per_second > 0, Job.measured_peak_gpu_bytes > 0))
+             .order_by(Job.finished_at.desc()).limit(LEARNED_JOBS))
     if host is not None:
         query = query.where(Job.worker_host == host)
-    ratios = [r for *figures, peak in session.execute(query).all()
-              if (r := memory_correction_ratio(*figures, float(peak))) is not None]
-    if len(ratios) < MEMORY_MIN_JOBS:
-        return None
-    low, high = MEMORY_CORRECTION_BOUNDS
-    return round(min(high, max(low, max(ratios))), 4)
+    steps, memory = [], []
+    for planned, carried, total, slack, context, carried_memory, rate, peak in session.execute(query):
+        if planned and rate:
+            steps.append(planned * (carried or 1.0) / rate)
+        ratio = memory_correction_ratio(total, slack, context, carried_memory, float(peak)) if peak else None
+        if ratio is not None:
+            memory.append(ratio)
+    step = None
+    if len(steps) >= STEP_TIME_MIN_JOBS:
+        low, high = STEP_TIME_FACTOR_BOUNDS
+        step = round(min(high, max(low, statistics.median(steps))), 4)
+    correction = None
+    if len(memory) >= MEMORY_MIN_JOBS:
+        low, high = MEMORY_CORRECTION_BOUNDS
+        correction = round(min(high, max(low, max(memory))), 4)
+    return Learned(step, correction)
 
 
 def _table_box(session: Session) -> tuple[str | None, int, int, str | None]:

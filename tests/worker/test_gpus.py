@@ -149,12 +149,12 @@ def test_box_learns_its_step_time_factor_from_its_latest_succeeded_jobs(db_url, 
         hw = gpus.box_hardware(s, settings)
     assert hw.step_time_factor == pytest.approx(2.4)  # median of 1.25, 2.4, 2.5
     assert hw.sources["step_time_factor"] == "learned"
-    with session_scope(db_url) as s:  # only the latest STEP_TIME_JOBS count
+    with session_scope(db_url) as s:  # only the latest LEARNED_JOBS count
         owner = make_user(s, "speed-3")
-        for i in range(gpus.STEP_TIME_JOBS):
+        for i in range(gpus.LEARNED_JOBS):
             _finished(s, owner, 1000.0, 2000.0, age_s=1 - i * 0.01)  # 0.5, newer than all above
     with session_scope(db_url) as s:
-        assert gpus.learned_step_time_factor(s) == pytest.approx(0.5)
+        assert gpus.learned_corrections(s).step_time_factor == pytest.approx(0.5)
     with session_scope(db_url) as s:
         s.execute(delete(Job))
 
