@@ -216,8 +216,8 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("full-llama1b-z2-optoff-s1024-mb4", "llama-3.2-1b", "full", ONE_GPU | {"zero_stage": 2,
             "offload_optimizer": "cpu"}, micro=4, accumulation=2, checkpointing=True),
     ]),
-    # configurations that ran with a trainer that held the model's output (its bf16 logits) through
-    # backward, measured again with the trainer as it runs now: the service's own calibration set
+    # the service's own calibration set: configurations of the 2026-12-01/02 reports, whose trainer held
+    # the model's output (its bf16 logits) through backward, measured with the trainer in the tree
     "current": (None, [
         job("lora-7b-field-report", "qwen2.5-7b", "lora", FIELD_REPORT, micro=1, accumulation=1,
             checkpointing=True),
