@@ -28,8 +28,6 @@ from planner import Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELD_CASES = ROOT / "bench" / "results" / "field-cases"
-#: phases whose jobs shared one card: their step time is not a job's alone
-SHARED_PHASES = {"pack", "pack7b"}
 #: issue 20's targets on the GPU peak
 PEAK_BOUNDS = (-0.03, 0.10)
 STEP_BOUND = 0.25
@@ -103,13 +101,13 @@ def observation(source: str, group: str, p: Plan, nvml: float, **extra: Any) -> 
 
 def service_group(ident: str, shaping: frozenset[str]) -> str:
     """``calibration`` where the job's file or the job itself shaped the planner, else ``held-out``."""
-    file, _, rest = ident.partition(":")
-    named = {f"field-cases/{file}.json", f"field-cases/{file}.json:{rest}"}
-    return "calibration" if named & shaping else "held-out"
+    from bench.field_cases import record_names
+
+    return "calibration" if record_names(ident) & shaping else "held-out"
 
 
 def service_observations(paths: Iterable[Path] | None = None) -> list[Observation]:
-    from bench.field_cases import measured_jobs, measured_step_seconds, replan
+    from bench.field_cases import SHARED_PHASES, measured_jobs, measured_step_seconds, replan
     from planner.calibration import CALIBRATION
 
     files = sorted(paths) if paths is not None else report_files()

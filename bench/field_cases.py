@@ -273,6 +273,8 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
                          accumulation=2, chunk=chunk)
                      for name, chunk in (("chunk", "auto"), ("full", None))]),
 }
+#: phases whose jobs shared one card: their step time is not a job's alone
+SHARED_PHASES = {"pack", "pack7b"}
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6"}
@@ -367,6 +369,13 @@ def measured_step_seconds(job: dict[str, Any]) -> float | None:
     r = job["plan"]["resolved"]
     tokens = r["micro_batch_size"] * r["gradient_accumulation_steps"] * r["seq_len"]
     return float(tokens / job["steady_tokens_per_second"])
+
+
+def record_names(ident: str) -> set[str]:
+    """How ``planner/data/calibration.json`` names a job (``file:phase:job``) as evidence: its report,
+    or the job itself in it (paths under bench/results)."""
+    file, _, rest = ident.partition(":")
+    return {f"field-cases/{file}.json", f"field-cases/{file}.json:{rest}"}
 
 
 def measured_jobs(paths: list[Path]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:

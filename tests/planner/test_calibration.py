@@ -78,12 +78,12 @@ def test_the_qlora_constants_are_what_the_kernel_records_measured() -> None:
 
 def _structure_jobs(name: str) -> list[tuple[str, dict[str, object], dict[str, object]]]:
     """(ident, job record, box) of each job a structural term names as its evidence."""
-    from bench.field_cases import measured_jobs
+    from bench.field_cases import measured_jobs, record_names
 
     term = next(s for s in CALIBRATION.structure if s.name == name)
-    named = {r.removeprefix("field-cases/").replace(".json:", ":", 1) for r in term.records}
-    files = sorted({RESULTS / "field-cases" / f"{n.split(':')[0]}.json" for n in named})
-    return [(ident, job, box) for ident, job, box in measured_jobs(files) if ident in named]
+    files = sorted({RESULTS / r.partition(":")[0] for r in term.records})
+    named = set(term.records)
+    return [(ident, job, box) for ident, job, box in measured_jobs(files) if record_names(ident) & named]
 
 
 def test_every_structural_term_names_records_that_exist() -> None:

@@ -19,14 +19,12 @@ from typing import Any
 
 import pytest
 
-from bench.field_cases import measured_jobs, measured_step_seconds, replan
+from bench.field_cases import SHARED_PHASES, measured_jobs, measured_step_seconds, replan
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "field-cases"
 GPU_BOUNDS = (-0.03, 0.10)
 HOST_BOUND = 0.10
 STEP_BOUND = 0.25
-#: phases whose jobs shared one card (the plan's step time is a job's alone)
-SHARED_PHASES = {"pack", "pack7b"}
 GIB = 2**30
 
 JOBS = measured_jobs([p for p in RESULTS.glob("*.json") if p.name != "known_misses.json"])
