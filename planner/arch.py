@@ -114,6 +114,12 @@ class Arch:
         return self.num_layers * self.layer_linear_params + self.vocab_size * self.hidden_size
 
     @property
+    def layer_tensor_sizes(self) -> tuple[int, ...]:
+        """The element count of each parameter tensor of one decoder layer (weights, biases, norms)."""
+        biases = tuple(lin.out_features for lin in self.linears if lin.bias)
+        return tuple(lin.in_features * lin.out_features for lin in self.linears) + biases + self.norm_sizes
+
+    @property
     def largest_param(self) -> int:
         """The largest single tensor (its gradient is the largest transient one)."""
         return _largest_param(self)

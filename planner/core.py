@@ -170,6 +170,7 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
         host_clock_factor=figures.host_clock_factor.value,
     )
     _refuse_unavailable_nvme(spec, pinned, hw)
+    _refuse_small_swap_buffer(pinned, arch.largest_param)
     _refuse_what_the_box_cannot_run(spec, hw)
     dtype_field = _fp32_dtype_field(config, where)
     return Prepared(spec, arch, facts, source, dtype_field, pinned, bounds, rates, hw, figures)
@@ -186,6 +187,17 @@ def _refuse_unavailable_nvme(spec: JobSpec, pinned: PinnedDeepSpeed, hw: Hardwar
             raise PlanError(f"resources.{target}", why)
         if getattr(pinned, target).get("device") == "nvme":
             raise PlanError(f"resources.deepspeed.{target}.device", why)
+
+
+def _refuse_small_swap_buffer(pinned: PinnedDeepSpeed, largest_param: int) -> None:
+    """DeepSpeed swaps each parameter from NVMe whole into one buffer: one smaller than the model's
+    largest parameter fails the job when its model loads."""
+    size = pinned.offload_param.get("buffer_size")
+    if size is not None and int(size) < largest_param:
+        raise PlanError(
+            "resources.deepspeed.offload_param.buffer_size",
+            f"must hold the model's largest parameter, {largest_param:,} elements; got {int(size):,}",
+        )
 
 
 def _refuse_what_the_box_cannot_run(spec: JobSpec, hw: HardwareSpec) -> None:
@@ -279,7 +291,9 @@ def _choices(p: Prepared, base: Setup) -> tuple[Choices, bool]:
 
 def _pinned_knob_fields(p: Prepared) -> frozenset[str]:
     """The ZeroKnobs fields ``resources.deepspeed`` sets: the search leaves them as the user has them."""
-    return frozenset(INT_KNOB_FIELDS[k] for k in p.spec.resources.deepspeed if k in INT_KNOB_FIELDS)
+    par = p.pinned.offload_param
+    nested = {f"param_{k}" for k in ("buffer_size", "buffer_count") if k in par}
+    return frozenset(INT_KNOB_FIELDS[k] for k in p.spec.resources.deepspeed if k in INT_KNOB_FIELDS) | nested
 
 
 def _base_setup(p: Prepared) -> Setup:

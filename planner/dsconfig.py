@@ -237,6 +237,8 @@ def _zero_block(s: Setup, pinned: PinnedDeepSpeed, nvme_path: str | None) -> dic
         )
     if s.zero_stage == 3 and s.offload_param != "none":
         zero["offload_param"] = _offload_block(s.offload_param, pinned.offload_param, k.pin_memory, nvme_path)
+        if s.offload_param == "nvme":
+            zero["offload_param"].update(buffer_count=k.param_buffer_count, buffer_size=k.param_buffer_size)
     zero.update(pinned.passthrough)
     return zero
 

@@ -451,7 +451,9 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     elif s.offload_optimizer == "nvme":
         nvme += (_FP32 + moments + _FP32) * t
         sub = min(part, s.knobs.sub_group_size)
-        pinned += n * s.knobs.optimizer_buffer_count * _pinned(_FP32 * sub, pin)
+        # the swap buffers are page-locked by the async I/O op (posix_memalign), not torch's pinned
+        # allocator, so their sizes are not rounded up
+        pinned += n * s.knobs.optimizer_buffer_count * _FP32 * sub
     if s.zero_stage == 3 and s.offload_param == "cpu":
         params = _offloaded_params(facts, n, pin, s.knobs.param_persistence_threshold)
         # the trainable partitions are then copied into one flat pinned buffer per rank; the
@@ -459,7 +461,7 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         pinned += n * _pinned(w * part, pin)
     elif s.zero_stage == 3 and s.offload_param == "nvme":
         nvme += _model_bytes(facts, s.knobs.param_persistence_threshold)
-        pinned += n * s.knobs.param_buffer_count * _pinned(s.knobs.param_buffer_size * w, pin)
+        pinned += n * s.knobs.param_buffer_count * s.knobs.param_buffer_size * w
     # Stages 0-2 build the model on the host before moving it (QLoRA reads its checkpoint as stored,
     # in bf16, and quantises it on the GPU). ZeRO-3's zero.Init builds it in place, partitioned
     # (offloaded parameters included), and from_pretrained then reads the checkpoint one weight file

@@ -159,6 +159,12 @@ def knob_variants(
 
     Adapters train few parameters: a reduce bucket larger than all of them allocates memory that
     no gradient uses and reduces nothing more per collective, so it is sized down to them.
+
+    Parameters on NVMe are read whole into one of ``param_buffer_count`` buffers of
+    ``param_buffer_size`` elements each, sized to the largest parameter. Under activation
+    checkpointing a layer's recompute in backward holds every frozen parameter it fetches until the
+    backward of the module that started it ends, so the buffers hold one decoder layer's swapped
+    tensors and one more (the evidence: ``bench/results/nvme-offload``).
     """
     if stage == 0:
         return (knobs,)
@@ -167,6 +173,11 @@ def knob_variants(
         knobs = replace(knobs, reduce_bucket_size=min(knobs.reduce_bucket_size, max(t, MIN_REDUCE_BUCKET)))
     if stage != 3:
         return (knobs,)
+    if "param_buffer_size" not in pinned:
+        knobs = replace(knobs, param_buffer_size=facts.arch.largest_param)
+    if "param_buffer_count" not in pinned:
+        swapped = sum(n > knobs.param_persistence_threshold for n in facts.arch.layer_tensor_sizes)
+        knobs = replace(knobs, param_buffer_count=max(knobs.param_buffer_count, swapped + 1))
     lean_changes = {k: v for k, v in LEAN_STAGE3.items() if k not in pinned and getattr(knobs, k) > v}
     if not lean_changes:
         return (knobs,)

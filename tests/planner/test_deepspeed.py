@@ -19,6 +19,7 @@ from planner import (
 )
 from planner.catalogue import catalogue
 from planner.dsconfig import OFFLOAD_OPTIMIZER_KEYS, OFFLOAD_PARAM_KEYS, ZERO_KEYS
+from planner.errors import PlanError
 from planner.lora import resolve_lora
 from tests.planner.support import hardware, job
 
@@ -365,3 +366,44 @@ def test_zero12_initialisation_flattens_beside_the_model_and_leaves_its_blocks_c
     flat = sum(t.numel * t.elem_bytes * t.copies for t in lora.tensors if t.trainable)
     base = sum(t.numel * t.elem_bytes * t.copies for t in lora.tensors)
     assert _initialization(lora, z2.with_(method="lora")) == (base + flat, base + 2 * flat)
+
+
+NVME_PARAMS = {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "nvme"}
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B", "google/gemma-2-2b"])
+def test_nvme_parameter_buffers_hold_the_largest_parameter_and_one_layer(name: str) -> None:
+    """The swap buffers DeepSpeed gets for parameters on NVMe: each holds the model's largest tensor,
+    and there is one for every tensor of a decoder layer that is not persistent, and one more; the
+    counts are the real model's, built on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = job(model={"name": name}, resources=NVME_PARAMS, hardware=hardware(nvme_gib=2000))
+    spec["training"]["gradient_checkpointing"] = True
+    made = plan(spec)
+    block = made.deepspeed_config["zero_optimization"]["offload_param"]
+    threshold = made.deepspeed_config["zero_optimization"]["stage3_param_persistence_threshold"]
+
+    config = AutoConfig.for_model(**catalogue()[name].config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    largest = max(p.numel() for p in model.parameters())
+    layer = model.model.layers[0]
+    swapped = sum(p.numel() > threshold for p in layer.parameters())
+    assert block["buffer_size"] == largest
+    assert block["buffer_count"] == swapped + 1
+    assert made.host.pinned_buffers_bytes >= block["buffer_count"] * block["buffer_size"] * 2
+
+
+def test_nvme_parameter_buffers_the_user_sets_are_kept_or_refused() -> None:
+    spec = job(model={"name": "Qwen/Qwen2.5-7B"}, resources=NVME_PARAMS, hardware=hardware(nvme_gib=2000))
+    embedding = 152064 * 3584
+    spec["resources"]["deepspeed"] = {"offload_param": {"buffer_count": 12, "buffer_size": embedding + 1}}
+    block = plan(spec).deepspeed_config["zero_optimization"]["offload_param"]
+    assert (block["buffer_count"], block["buffer_size"]) == (12, embedding + 1)
+    spec["resources"]["deepspeed"] = {"offload_param": {"buffer_size": 100_000_000}}
+    with pytest.raises(PlanError) as err:
+        plan(spec)
+    assert err.value.field == "resources.deepspeed.offload_param.buffer_size"
+    assert f"{embedding:,}" in err.value.message
