@@ -263,6 +263,22 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-llama3b-z2-optoff-s4096-mb2", "llama-3.2-3b", "lora", ONE_GPU | {"zero_stage": 2,
             "offload_optimizer": "cpu"}, seq_len=4096, micro=2, accumulation=1, checkpointing=True),
     ]),
+    # configurations no record has, for the planner after heldout6 (long masked rows, offload of both
+    # kinds, 8-bit AdamW under QLoRA, a small full fine-tune without checkpointing)
+    "heldout7": (None, [
+        job("lora-7b-z2-s8192-mb1", "qwen2.5-7b", "lora", ONE_GPU | {"zero_stage": 2}, seq_len=8192, micro=1,
+            accumulation=1, checkpointing=True),
+        job("full-0.5b-z0-s4096-mb4-nockpt", "qwen2.5-0.5b", "full", Z0, seq_len=4096, micro=4,
+            accumulation=1, checkpointing=False),
+        job("lora-mistral7b-z3-offload-s2048-mb2", "mistral-7b-v0.3", "lora", FIELD_REPORT, seq_len=2048,
+            micro=2, accumulation=1, checkpointing=True),
+        job("qlora-llama3b-z0-s4096-mb2-adamw8bit", "llama-3.2-3b", "qlora", Z0, seq_len=4096, micro=2,
+            accumulation=1, checkpointing=True, optimizer="adamw_8bit"),
+        job("lora-llama1b-z1-s512-mb16-nockpt", "llama-3.2-1b", "lora", ONE_GPU | {"zero_stage": 1},
+            seq_len=512, micro=16, accumulation=1, checkpointing=False),
+        job("lora-gemma2-2b-z2-s8192-mb1", "gemma-2-2b", "lora", ONE_GPU | {"zero_stage": 2}, seq_len=8192,
+            micro=1, accumulation=1, checkpointing=True),
+    ]),
     # the loss in chunks against the full logits, the same 8B job otherwise (what a chunk costs a step)
     "chunk": (None, [
         job(f"lora-llama8b-z0-s2048-mb2-{name}", "llama-3.1-8b", "lora", Z0, seq_len=2048, micro=2,
@@ -277,7 +293,8 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
 SHARED_PHASES = {"pack", "pack7b"}
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
-              "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6"}
+              "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
+              "heldout7"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
