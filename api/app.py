@@ -30,6 +30,7 @@ from api.ops.metrics import ApiMetrics, CalibrationCollector, calibration_reader
 from api.ops.router import router as ops_router
 from api.plans.router import router as plans_router
 from api.ratelimit import TokenBuckets
+from api.workers import WorkerWatch
 from store.models import Job
 from tunebox.gpus import box_host_clock
 from tunebox.settings import Settings, get_settings
@@ -85,6 +86,7 @@ def create_app(
     state.sessions = db.sessions
     state.read_sessions = db.reads
     state.enqueue = enqueue
+    state.worker_watch = WorkerWatch()
     state.worker_problem = worker_problem or (lambda: None)
     state.token_cache = TokenCache(token_cache_ttl_s)
     state.submit_buckets = TokenBuckets(settings.submit_rate_per_minute)

@@ -1,10 +1,10 @@
 """Load benchmark of the API: GET /v1/jobs/{id} and POST /v1/jobs with N concurrent clients.
 
 Starts ``uvicorn api.app:create_app --factory`` (uvloop, httptools) on a fresh Postgres database
-with a Redis broker, then drives it from one asyncio process with keep-alive connections written
-directly on sockets (a light client, so most of the box's CPU goes to the server). POST bodies are
-all different (name and seed vary) and carry ``hardware``, so each one is planned; the job is
-enqueued on Redis after its commit.
+with a Redis broker and a worker's GPU heartbeat, then drives it from one asyncio process with
+keep-alive connections written directly on sockets (a light client, so most of the box's CPU goes
+to the server). POST bodies are all different (name and seed vary) and carry ``hardware``, so each
+one is planned; the job is enqueued on Redis after its commit.
 
     .venv/bin/python bench/api_load.py --workers 2 --concurrency 50 --duration 20
 
@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,28 @@ def prepare(tmp: Path, pg_url: str) -> tuple[str, str]:
     return issued.token, "ds_bench"
 
 
+class WorkerHeartbeat(threading.Thread):
+    """What a running worker's housekeeping writes each ``inventory_interval_s``: its box's GPU rows.
+    A box serving jobs has one, and the API reads its last report on every submission."""
+
+    def __init__(self, pg_url: str) -> None:
+        from tunebox.settings import Settings
+
+        super().__init__(daemon=True)
+        self.settings = Settings(database_url=pg_url, gpu_count=1, gpu_memory_bytes=80 * GiB)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        from store.db import session_scope
+        from tunebox.gpus import sync_inventory
+
+        while True:
+            with session_scope(self.settings.resolved_database_url) as session:
+                sync_inventory(session, self.settings)
+            if self.done.wait(self.settings.inventory_interval_s):
+                return
+
+
 def start_server(tmp: Path, pg_url: str, redis_url: str, port: int, workers: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TUNEBOX_DATABASE_URL": pg_url, "TUNEBOX_BROKER_URL": redis_url,
            "TUNEBOX_DATA_DIR": str(tmp / "data_dir"),
@@ -254,6 +277,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         token, dataset_id = prepare(tmp, pg_url)
+        heartbeat = WorkerHeartbeat(pg_url)
+        heartbeat.start()
         proc = start_server(tmp, pg_url, redis_url, port, args.workers)
         try:
             host = f"127.0.0.1:{port}"
@@ -280,6 +305,8 @@ def main() -> int:
             queued = _messages_on_gpu_queue(redis_url)
         finally:
             stop_server(proc)
+            heartbeat.done.set()
+            heartbeat.join()
     drop_pg_database(pg_url)
     redis.Redis.from_url(redis_url).flushdb()
     info = {"load_average_at_end": os.getloadavg(), "workers": args.workers,

@@ -28,13 +28,14 @@ def save_report(session: Session, dataset: str, model: str, seq_len: int, fmt: s
 
 def find_report(session: Session, dataset: str, model: str, seq_len: int, fmt: str, name: str | None
                 ) -> dict[str, Any] | None:
-    row = _find(session, dataset, model, seq_len, fmt, name)
-    return row.report if row is not None else None
+    return session.scalar(select(DatasetReport.report).where(*_key(dataset, model, seq_len, fmt, name)))
 
 
 def _find(session: Session, dataset: str, model: str, seq_len: int, fmt: str, name: str | None
           ) -> DatasetReport | None:
-    return session.scalars(select(DatasetReport).where(
-        DatasetReport.dataset_key == dataset, DatasetReport.model_key == model,
-        DatasetReport.seq_len == seq_len, DatasetReport.format == fmt,
-        DatasetReport.name == (name or ""))).first()
+    return session.scalars(select(DatasetReport).where(*_key(dataset, model, seq_len, fmt, name))).first()
+
+
+def _key(dataset: str, model: str, seq_len: int, fmt: str, name: str | None) -> tuple[Any, ...]:
+    return (DatasetReport.dataset_key == dataset, DatasetReport.model_key == model,
+            DatasetReport.seq_len == seq_len, DatasetReport.format == fmt, DatasetReport.name == (name or ""))

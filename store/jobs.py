@@ -5,15 +5,32 @@ Status changes are not here: they go through ``store.states.transition`` (guarde
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Row, select, update
+from sqlalchemy import Row, Table, insert, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from store.models import Job, User
+from store.models import Job, JobEvent, User
 from store.status import JobStatus
 
-__all__ = ["attempt_of", "columns", "lock", "set_fields", "status_of", "with_owner"]
+__all__ = ["attempt_of", "columns", "create", "lock", "set_fields", "status_of", "with_owner"]
+
+
+_JOBS, _JOB_EVENTS = cast(Table, Job.__table__), cast(Table, JobEvent.__table__)
+# built once: executed with each job's values as parameters, its compiled form is cached
+_INSERT_JOB = insert(_JOBS).returning(*_JOBS.c)
+_INSERT_EVENTS = insert(_JOB_EVENTS)
+
+
+def create(session: Session, values: dict[str, Any], events: list[dict[str, Any]]) -> Row[Any]:
+    """Insert a new job and its first events in this transaction; returns the stored row (every
+    column, defaults filled), what ``JobRead`` is built from. Two statements, no unit of work: the
+    submission path's cost is mostly the ORM's bookkeeping of objects it never uses again."""
+    conn = session.connection()
+    row = conn.execute(_INSERT_JOB, values).one()
+    if events:
+        conn.execute(_INSERT_EVENTS, [{"job_id": row.id, **e} for e in events])
+    return row
 
 
 def lock(session: Session, job_id: str) -> Job | None:

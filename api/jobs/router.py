@@ -46,6 +46,7 @@ from api.jobs.schemas import (
     Queue,
 )
 from api.jobs.stream import event_stream
+from api.workers import WorkerWatch
 from store.models import Job, User
 from store.states import JobStatus
 from tunebox.settings import Settings
@@ -91,15 +92,16 @@ async def create_job(
 ) -> JobRead | Response:
     # all the blocking work, the commit and the enqueue in one worker thread: each hop between the
     # event loop and a thread costs more CPU than most of the steps it would carry
-    job = await run_in_threadpool(_submit, session, settings, user, spec, idempotency_key,
-                                  request.app.state.enqueue)
+    state = request.app.state
+    job = await run_in_threadpool(_submit, session, settings, user, spec, idempotency_key, state.enqueue,
+                                  state.worker_watch)
     if isinstance(job, JobRead):
         response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job
 
 
 def _submit(session: Session, settings: Settings, user: Principal, spec: JobCreate, key: str | None,
-            enqueue: service.Enqueue) -> JobRead | Response:
+            enqueue: service.Enqueue, watch: WorkerWatch) -> JobRead | Response:
     if key is not None:
         replay = idempotency.claim(session, user.user_id, key,
                                    idempotency.fingerprint(spec.model_dump(mode="json", exclude_unset=True)))
@@ -108,7 +110,7 @@ def _submit(session: Session, settings: Settings, user: Principal, spec: JobCrea
             return JSONResponse(replay.body, status_code=replay.status,
                                 headers={"Idempotent-Replayed": "true"})
     try:
-        job, task_id = service.create_job(session, settings, user, spec)
+        job, task_id = service.create_job(session, settings, user, spec, watch)
     except ApiError:
         if key is not None:
             idempotency.release(session, user.user_id, key)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Row, Select, func, select
+from sqlalchemy import Row, Select, bindparam, func, select
 from sqlalchemy.orm import Session, defer
 
 from api.auth.access import may_read, may_use_dataset, sees_everything
@@ -46,7 +46,7 @@ from api.plans.service import (
     refusal,
     resolve_model,
 )
-from api.workers import no_worker
+from api.workers import WorkerWatch, no_worker
 from planner import Plan
 from planner.constants import GIB
 from planner.spec import DataSource, JobSpec
@@ -178,11 +178,15 @@ def queue(session: Session, user: Principal, settings: Settings, limit: int) -> 
 # --------------------------------------------------------------------------- submitting
 
 
+# how many queued jobs an owner has, counted up to the limit (a Core statement: no ORM on this path)
+_QUEUED_OF_OWNER = select(func.count()).select_from(
+    select(Job.id).where(Job.owner_id == bindparam("owner_id"), Job.status == JobStatus.QUEUED)
+    .limit(bindparam("limit")).subquery())
+
+
 def _check_queue_limit(session: Session, user: Principal, settings: Settings) -> None:
     limit = user.max_queued_jobs or settings.max_queued_jobs_per_user
-    queued = session.scalar(select(func.count()).select_from(
-        select(Job.id).where(Job.owner_id == user.user_id, Job.status == JobStatus.QUEUED)
-        .limit(limit).subquery()))
+    queued = session.connection().scalar(_QUEUED_OF_OWNER, {"owner_id": user.user_id, "limit": limit})
     if (queued or 0) >= limit:
         raise TooManyRequests(f"{user.name} already has {limit} queued jobs (the limit); wait or cancel some",
                               errors=[FieldError("owner", f"queued jobs limit {limit} reached")])
@@ -192,34 +196,40 @@ S = TypeVar("S", bound=DataSource)
 
 
 def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: Principal
-                     ) -> tuple[JobSpec, str | None, str | None]:
-    """The spec with its training (and evaluation) data resolved, and the ids of the datasets used."""
+                     ) -> tuple[JobSpec, str | None, str | None, str]:
+    """The spec with its training (and evaluation) data resolved, the ids of the datasets used, and
+    the training data's file."""
     if spec.dataset is None:
         raise InvalidInput.for_field("dataset", "a job needs a dataset (dataset.path or dataset.id)")
-    ds, dataset_id = _resolve_source(session, spec.dataset, settings, user, "dataset")
+    ds, dataset_id, path = _resolve_source(session, spec.dataset, settings, user, "dataset")
     update: dict[str, Any] = {"dataset": ds}
     eval_id = None
     if spec.eval.dataset is not None:
-        source, eval_id = _resolve_source(session, spec.eval.dataset, settings, user, "eval.dataset")
+        source, eval_id, _ = _resolve_source(session, spec.eval.dataset, settings, user, "eval.dataset")
         update["eval"] = spec.eval.model_copy(update={"dataset": source})
-    return spec.model_copy(update=update), dataset_id, eval_id
+    return spec.model_copy(update=update), dataset_id, eval_id, path
+
+
+# what a submission needs of a stored dataset (a Core row: no ORM object on this path)
+_DATASET_FOR_JOB = select(Dataset.id, Dataset.owner_id, Dataset.shared, Dataset.num_rows, Dataset.path).where(
+    Dataset.id == bindparam("dataset_id"))
 
 
 def _resolve_source(session: Session, ds: S, settings: Settings, user: Principal, field: str
-                    ) -> tuple[S, str | None]:
+                    ) -> tuple[S, str | None, str]:
     """A data source with its path confined to the dataset roots (or its id visible to the user) and
-    its rows counted; the id of the stored dataset it names."""
+    its rows counted; the id of the stored dataset it names; its file."""
     if ds.id is not None:
-        row = session.get(Dataset, ds.id)
+        row = session.connection().execute(_DATASET_FOR_JOB, {"dataset_id": ds.id}).first()
         if row is None or not may_use_dataset(user, row.owner_id, row.shared, settings):  # as if unknown
             raise InvalidInput.for_field(f"{field}.id", f"no dataset {ds.id}")
-        return ds.model_copy(update={"num_rows": ds.num_rows or row.num_rows}), row.id
+        return ds.model_copy(update={"num_rows": ds.num_rows or row.num_rows}), row.id, row.path
     assert ds.path is not None
     real = confine(ds.path, settings.dataset_roots, f"{field}.path")
     if not real.is_file():
         raise InvalidInput.for_field(f"{field}.path", f"{ds.path} is not a file")
     num_rows = ds.num_rows or _count_rows(real, ds.format.value, settings, ds.name, field)
-    return ds.model_copy(update={"path": str(real), "num_rows": num_rows}), None
+    return ds.model_copy(update={"path": str(real), "num_rows": num_rows}), None, str(real)
 
 
 def _count_rows(path: Path, declared: str, settings: Settings, name: str | None, field: str) -> int:
@@ -235,20 +245,17 @@ def _count_rows(path: Path, declared: str, settings: Settings, name: str | None,
     return info.num_rows
 
 
-def _refuse_dropped_rows(session: Session, spec: JobSpec) -> None:
-    """A 422 with the counts where a report of this dataset file, tokenizer and ``seq_len`` (an
-    inspection's, or a trainer's that failed for it) drops more rows than the spec allows."""
+def _refuse_dropped_rows(session: Session, spec: JobSpec, path: str) -> None:
+    """A 422 with the counts where a report of this dataset file (``path``), tokenizer and
+    ``seq_len`` (an inspection's, or a trainer's that failed for it) drops more rows than the spec
+    allows."""
     from tunebox.data_keys import report_keys
     from tunebox.datasets import check_dropped_share
 
     ds = spec.dataset
     if ds is None or not spec.model.path:
         return
-    path = ds.path
-    if ds.id is not None:
-        row = session.get(Dataset, ds.id)
-        path = row.path if row is not None else None
-    keys = report_keys(Path(path), Path(spec.model.path)) if path is not None else None
+    keys = report_keys(Path(path), Path(spec.model.path))
     if keys is None:
         return
     report = find_report(session, *keys, spec.training.seq_len, ds.format.value, ds.name)
@@ -341,8 +348,10 @@ def leased_gpu_bytes(plan_json: dict[str, Any], spec: JobSpec) -> int:
     return max(training, int(evaluation["total_bytes"]))
 
 
-def create_job(session: Session, settings: Settings, user: Principal, spec: JobSpec) -> tuple[JobRead, str]:
-    """Validate, plan and store a queued job with its 'created' and audit events.
+def create_job(session: Session, settings: Settings, user: Principal, spec: JobSpec,
+               watch: WorkerWatch | None = None) -> tuple[JobRead, str]:
+    """Validate, plan and store a queued job with its 'created' and audit events (and a 'waiting'
+    one while no worker reports; ``watch`` remembers a live one between submissions).
 
     Returns the job and the Celery task id stored with it (to send under after the commit).
     """
@@ -350,8 +359,8 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     spec = absorb_deepspeed_config(spec)
     _check_queue_limit(session, user, settings)
     spec = resolve_model(spec, settings, required=True)
-    spec, dataset_id, eval_dataset_id = _resolve_dataset(session, spec, settings, user)
-    _refuse_dropped_rows(session, spec)
+    spec, dataset_id, eval_dataset_id, data_file = _resolve_dataset(session, spec, settings, user)
+    _refuse_dropped_rows(session, spec, data_file)
     spec = _box_nvme_folder(spec, settings)
     plan = make_plan(spec, hardware_for(spec, session, settings))
     _refuse_beyond_context(plan)
@@ -361,25 +370,22 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     plan_json = plan.model_dump(mode="json")
     _check_nvme_paths(plan_json, spec, settings)
     task_id = new_task_id()
-    job = Job(id=new_id("job"), owner_id=user.user_id, name=spec.name, model=model_label(spec),
-              status=JobStatus.QUEUED,
-              priority=spec.priority, spec=spec.model_dump(mode="json"), plan=plan_json,
-              dataset_id=dataset_id, eval_dataset_id=eval_dataset_id, num_gpus=plan.num_gpus,
-              celery_task_id=task_id,
-              planned_peak_gpu_bytes=leased_gpu_bytes(plan_json, spec),
-              planned_host_bytes=plan_json["host"]["total_bytes"])
-    session.add(job)
-    session.add_all([
-        JobEvent(job_id=job.id, kind="created", actor=user.name, message="job created",
-                 data={"status": "queued", "num_gpus": plan.num_gpus}),
-        JobEvent(job_id=job.id, kind="audit", actor=user.name, message="create", data={"action": "create"}),
-    ])
-    if (silent := no_worker(session, settings)) is not None:
-        session.add(JobEvent(job_id=job.id, kind="waiting", actor="api", message=silent,
-                             data={"reason": "no_worker"}))
-    session.flush()
-    # the id is taken from here: the session keeps a flushed object only weakly, so looking the
-    # job up again later could cost a SELECT
+    job_id = new_id("job")
+    events = [
+        {"kind": "created", "actor": user.name, "message": "job created",
+         "data": {"status": "queued", "num_gpus": plan.num_gpus}},
+        {"kind": "audit", "actor": user.name, "message": "create", "data": {"action": "create"}},
+    ]
+    silent = watch.no_worker(session, settings) if watch is not None else no_worker(session, settings)
+    if silent is not None:
+        events.append({"kind": "waiting", "actor": "api", "message": silent, "data": {"reason": "no_worker"}})
+    job = jobs.create(session, {
+        "id": job_id, "owner_id": user.user_id, "name": spec.name, "model": model_label(spec),
+        "status": JobStatus.QUEUED, "priority": spec.priority, "spec": spec.model_dump(mode="json"),
+        "plan": plan_json, "dataset_id": dataset_id, "eval_dataset_id": eval_dataset_id,
+        "num_gpus": plan.num_gpus, "celery_task_id": task_id,
+        "planned_peak_gpu_bytes": leased_gpu_bytes(plan_json, spec),
+        "planned_host_bytes": plan_json["host"]["total_bytes"]}, events)
     return job_read(job, user.name), task_id
 
 

@@ -25,7 +25,7 @@ def test_submit_stores_queued_job_with_plan_and_enqueues_after_commit(env: Env) 
     kinds = [e["kind"] for e in events]
     assert kinds == ["created", "audit"]
     shown = env.client.get(f"/v1/jobs/{job['id']}", headers=env.auth())
-    assert shown.status_code == 200 and shown.json()["id"] == job["id"]
+    assert shown.status_code == 200 and shown.json() == job  # the answer to the POST is the stored job
 
 
 def test_the_lease_holds_the_evaluation_where_the_job_evaluates(env: Env) -> None:
