@@ -98,6 +98,52 @@ async def drive(host: str, port: int, make: Any, concurrency: int, warmup: float
     return stats
 
 
+async def _open_loop(host: str, port: int, make: Any, rate: float, start: float, end: float,
+                     stats: Stats) -> None:
+    """Requests sent at ``rate`` a second whatever the answers do (an open loop), each on an idle
+    keep-alive connection or a new one; a latency runs from when the request was due, so time spent
+    waiting behind a slow server counts (no coordinated omission)."""
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    opened: list[asyncio.StreamWriter] = []
+    running: set[asyncio.Task[None]] = set()
+
+    async def one(due: float) -> None:
+        if idle:
+            conn = idle.pop()
+        else:
+            conn = await asyncio.open_connection(host, port)
+            opened.append(conn[1])
+        conn[1].write(make())
+        status = await _read_response(conn[0])
+        done = time.perf_counter()
+        idle.append(conn)
+        if due >= start:
+            stats.add(done - due, status)
+
+    first, n = time.perf_counter(), 0
+    while (due := first + n / rate) < end:
+        if (wait := due - time.perf_counter()) > 0:
+            await asyncio.sleep(wait)
+        task = asyncio.create_task(one(due))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        n += 1
+    await asyncio.gather(*running)
+    for writer in opened:
+        writer.close()
+
+
+async def drive_rates(host: str, port: int, streams: dict[str, tuple[Any, float]], warmup: float,
+                      duration: float) -> dict[str, Stats]:
+    """Each named stream at its fixed rate, all at once."""
+    start = time.perf_counter() + warmup
+    end = start + duration
+    stats = {name: Stats() for name in streams}
+    await asyncio.gather(*(_open_loop(host, port, make, rate, start, end, stats[name])
+                           for name, (make, rate) in streams.items()))
+    return stats
+
+
 def cpu_seconds(pids: list[int]) -> dict[str, float]:
     """CPU time used so far by the server processes, by Postgres (all backends) and by this client."""
     import psutil
@@ -256,6 +302,8 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--phases", default="get,post,post-auto")
+    parser.add_argument("--rates", default="get=500,post=100",
+                        help="the mixed phase's offered load: requests a second per phase")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")
     args = parser.parse_args()
 
@@ -294,7 +342,21 @@ def main() -> int:
                 "post-auto": (lambda make: lambda: _request("POST", "/v1/jobs", host, token, make()))(
                     spec_maker(dataset_id, False)),
             }
+            rates = {k: float(v) for k, v in (item.split("=") for item in args.rates.split(","))}
             for name in args.phases.split(","):
+                if name == "mixed":  # a fixed offered load of GETs and POSTs together
+                    before = cpu_seconds([proc.pid])
+                    streams = {f"mixed-{k}": (phases[k], rate) for k, rate in rates.items()}
+                    by_stream = asyncio.run(drive_rates("127.0.0.1", port, streams, args.warmup,
+                                                        args.duration))
+                    after = cpu_seconds([proc.pid])
+                    for stream, stats in by_stream.items():
+                        results.append(summarize(stream, stats, args.duration))
+                        print(json.dumps(results[-1]), flush=True)
+                    served = sum(len(st.latencies) for st in by_stream.values())
+                    results[-1]["server_cpu_ms_per_req_all"] = round(
+                        (after["server"] - before["server"]) / max(1, served) * 1000, 2)
+                    continue
                 before = cpu_seconds([proc.pid])
                 stats = asyncio.run(drive("127.0.0.1", port, phases[name], args.concurrency,
                                           args.warmup, args.duration))
