@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from planner.advice import Context, advise, warn
 from planner.arch import Arch, arch_from_config
@@ -490,47 +490,32 @@ def _disk(p: Prepared, s: Setup, steps: int | None, fits: bool) -> tuple[DiskUsa
     return usage, Note(code="insufficient_disk", field="training.save_total_limit", message=message)
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _same_named(model: type[_M], *sources: object, **given: Any) -> _M:
+    """``model`` from the attributes of ``sources`` that its fields name, and ``given``: the
+    planner's estimates and its output name each figure once."""
+    values = dict(given)
+    for name in model.model_fields:
+        if name not in values:
+            source = next((s for s in sources if hasattr(s, name)), None)
+            if source is None:
+                raise TypeError(f"nothing gives {model.__name__}.{name}")
+            values[name] = getattr(source, name)
+    return model(**values)
+
+
 def _per_gpu(c: Candidate, capacity: int) -> PerGpuMemory:
-    m, a = c.memory, c.memory.activations
-    return PerGpuMemory(
-        weights_bytes=m.weights_bytes,
-        gradients_bytes=m.gradients_bytes,
-        optimizer_states_bytes=m.optimizer_states_bytes,
-        activations_bytes=a.activations_bytes,
-        activations_checkpointed_bytes=a.activations_checkpointed_bytes,
-        activations_full_bytes=a.activations_full_bytes,
-        logits_bytes=a.logits_bytes,
-        zero_buffers_bytes=m.zero_buffers_bytes,
-        gathered_parameters_bytes=m.gathered_parameters_bytes,
-        optimizer_step_transient_bytes=m.step_transient_bytes,
-        cuda_context_bytes=m.cuda_context_bytes,
-        allocator_slack_bytes=m.allocator_slack_bytes,
-        forward_backward_bytes=m.forward_backward_bytes,
-        optimizer_step_bytes=m.optimizer_step_bytes,
-        initialization_bytes=m.initialization_bytes,
-        peak_phase=m.peak_phase,
-        total_bytes=m.total_bytes,
-        required_bytes=m.required_bytes,
-        allocator_limit_bytes=m.required_bytes - m.cuda_context_bytes,
-        capacity_bytes=capacity,
-    )
+    m = c.memory
+    return _same_named(PerGpuMemory, m, m.activations, capacity_bytes=capacity,
+                       allocator_limit_bytes=m.required_bytes - m.cuda_context_bytes)
 
 
 def _host(c: Candidate, bounds: Bounds) -> HostMemory:
     h = c.memory.host
-    return HostMemory(
-        process_bytes=h.process_bytes,
-        model_load_bytes=h.model_load_bytes,
-        partition_staging_bytes=h.partition_staging_bytes,
-        optimizer_states_bytes=h.optimizer_states_bytes,
-        master_weights_bytes=h.master_weights_bytes,
-        gradients_bytes=h.gradients_bytes,
-        parameters_bytes=h.parameters_bytes,
-        pinned_buffers_bytes=h.pinned_buffers_bytes,
-        total_bytes=h.total_bytes,
-        capacity_bytes=bounds.host_bytes,
-        fits=h.total_bytes <= bounds.host_usable,
-    )
+    fits = h.total_bytes <= bounds.host_usable
+    return _same_named(HostMemory, h, capacity_bytes=bounds.host_bytes, fits=fits)
 
 
 def _model_summary(p: Prepared) -> ModelSummary:

@@ -104,7 +104,7 @@ class MemoryEstimate:
     activations: ActivationEstimate
     zero_buffers_bytes: int
     gathered_parameters_bytes: int
-    step_transient_bytes: int
+    optimizer_step_transient_bytes: int
     cuda_context_bytes: int
     allocator_slack_bytes: int
     forward_backward_bytes: int  # allocated at the forward/backward peak
@@ -574,7 +574,7 @@ def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> Mem
         activations=acts,
         zero_buffers_bytes=int(bufs.persistent + max(bufs.backward, bufs.step)),
         gathered_parameters_bytes=int(gathered),
-        step_transient_bytes=int(grads.step),
+        optimizer_step_transient_bytes=int(grads.step),
         cuda_context_bytes=int(context),
         allocator_slack_bytes=int(slack),
         forward_backward_bytes=int(forward_backward),

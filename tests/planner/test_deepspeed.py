@@ -125,7 +125,7 @@ def test_zero3_states_match_deepspeed(gpus: int, offload: bool) -> None:
         # DeepSpeed: 18/N (bf16 params + fp32 master, grads, moments). stage3.py creates the fp32
         # gradients only inside the step (flatten the bf16 sub-group, upcast, drop after the update):
         # the step transient is that bf16 flat copy (2/N) plus the fp32 gradients (4/N).
-        ours = m.weights_bytes + m.optimizer_states_bytes + m.step_transient_bytes - 2 * p // gpus
+        ours = m.weights_bytes + m.optimizer_states_bytes + m.optimizer_step_transient_bytes - 2 * p // gpus
         assert abs(ours - (ds_gpu - largest_mem)) <= 8 * gpus
 
 
