@@ -16,6 +16,7 @@ import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Executable, Row
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -155,7 +156,13 @@ async def read_with(request: Request, fn: Callable[Concatenate[Session, P], T], 
     """
     async_reads: async_sessionmaker[AsyncSession] | None = request.app.state.async_reads
     if async_reads is not None:
-        async with async_reads() as session:
+        try:
+            async with async_reads() as session:
+                return await session.run_sync(fn, *args, **kwargs)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+        async with async_reads() as session:  # a dead pooled connection: read again (see first_row)
             return await session.run_sync(fn, *args, **kwargs)
     slots: anyio.Semaphore | None = request.app.state.db_slots
     async with slots if slots is not None else contextlib.nullcontext():
@@ -170,12 +177,22 @@ async def first_row(request: Request, statement: Executable, params: dict[str, A
     """The first row of one Core SELECT, read like :func:`read_with` but without an ORM session.
 
     On Postgres it runs on an async connection from the pool: no Session, no greenlet hop per
-    call, which is most of what one small read costs in SQLAlchemy.
+    call, which is most of what one small read costs in SQLAlchemy. The pool does not ping a
+    connection before each read (a round trip per request); a read that finds its connection dead
+    runs once more instead.
     """
     async_reads: async_sessionmaker[AsyncSession] | None = request.app.state.async_reads
     if async_reads is None:
         return await read_with(request, lambda session: session.execute(statement, params).first())
     engine: AsyncEngine = async_reads.kw["bind"]
+    async with engine.connect() as conn:
+        try:
+            return (await conn.execute(statement, params)).first()
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+    # the pooled connection had died with its server (a database restart): SQLAlchemy has dropped
+    # the pool's connections, and a read runs again on a fresh one
     async with engine.connect() as conn:
         return (await conn.execute(statement, params)).first()
 

@@ -199,3 +199,19 @@ def test_a_running_job_rides_out_a_postgres_restart(pg_stack: tuple[Stack, PgClu
     assert [c["step"] for c in listed] == list(range(10, 81, 10))  # none lost in the outage
     assert [c["step"] for c in listed if c["is_final"]] == [80]
     assert [r["type"] for r in progress(stack.job_dir(job_id))].count("start") == 1
+
+
+def test_the_first_read_after_a_restart_answers_from_a_fresh_connection(
+        pg_stack: tuple[Stack, PgCluster]) -> None:
+    """The API's read pool does not ping a connection before each read: a read that finds its pooled
+    connection dead with the old server runs again on a new one, so the client never sees it."""
+    stack, cluster = pg_stack
+    with stack.client() as client:
+        job_id = submit(client, lora_spec("fake:ok", max_steps=3, save_steps=5))
+        for _ in range(3):  # the pool now holds connections to this server
+            assert client.get(f"/v1/jobs/{job_id}").status_code == 200
+        cluster.stop("fast")
+        cluster.start()
+        first = client.get(f"/v1/jobs/{job_id}")
+        assert first.status_code == 200, first.text
+        assert client.get("/v1/jobs?limit=5").status_code == 200
