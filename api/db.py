@@ -54,7 +54,7 @@ def open_async_reads(url: str) -> async_sessionmaker[AsyncSession] | None:
     parsed = make_url(url)
     if parsed.get_backend_name() != "postgresql":
         return None
-    # no ping on checkout: ``api.deps.first_row`` reads again where a connection turns out dead
+    # no ping on checkout: a read whose connection turns out dead runs again (api.deps._again_if_stale)
     engine = create_async_engine(parsed.set(drivername="postgresql+psycopg"), pool_size=POOL_SIZE,
                                  max_overflow=0, isolation_level="AUTOCOMMIT")
     return async_sessionmaker(bind=engine, expire_on_commit=False)

@@ -156,14 +156,11 @@ async def read_with(request: Request, fn: Callable[Concatenate[Session, P], T], 
     """
     async_reads: async_sessionmaker[AsyncSession] | None = request.app.state.async_reads
     if async_reads is not None:
-        try:
+        async def read() -> T:
             async with async_reads() as session:
                 return await session.run_sync(fn, *args, **kwargs)
-        except DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-        async with async_reads() as session:  # a dead pooled connection: read again (see first_row)
-            return await session.run_sync(fn, *args, **kwargs)
+
+        return await _again_if_stale(read)
     slots: anyio.Semaphore | None = request.app.state.db_slots
     async with slots if slots is not None else contextlib.nullcontext():
         sync_session = request.app.state.read_sessions()
@@ -177,24 +174,30 @@ async def first_row(request: Request, statement: Executable, params: dict[str, A
     """The first row of one Core SELECT, read like :func:`read_with` but without an ORM session.
 
     On Postgres it runs on an async connection from the pool: no Session, no greenlet hop per
-    call, which is most of what one small read costs in SQLAlchemy. The pool does not ping a
-    connection before each read (a round trip per request); a read that finds its connection dead
-    runs once more instead.
+    call, which is most of what one small read costs in SQLAlchemy.
     """
     async_reads: async_sessionmaker[AsyncSession] | None = request.app.state.async_reads
     if async_reads is None:
         return await read_with(request, lambda session: session.execute(statement, params).first())
     engine: AsyncEngine = async_reads.kw["bind"]
-    async with engine.connect() as conn:
-        try:
+
+    async def read() -> Row[Any] | None:
+        async with engine.connect() as conn:
             return (await conn.execute(statement, params)).first()
-        except DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-    # the pooled connection had died with its server (a database restart): SQLAlchemy has dropped
-    # the pool's connections, and a read runs again on a fresh one
-    async with engine.connect() as conn:
-        return (await conn.execute(statement, params)).first()
+
+    return await _again_if_stale(read)
+
+
+async def _again_if_stale(read: Callable[[], Awaitable[T]]) -> T:
+    """``read()``, once more where its pooled connection had died with its server (a database
+    restart): SQLAlchemy has then dropped the pool's connections, and the second read gets a fresh
+    one. The async read pool does not ping a connection before each read (a round trip a request)."""
+    try:
+        return await read()
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+    return await read()
 
 
 CurrentUser = Annotated[Principal, Depends(get_principal)]

@@ -164,7 +164,8 @@ def knob_variants(
     ``param_buffer_size`` elements each, sized to the largest parameter. Under activation
     checkpointing a layer's recompute in backward holds every frozen parameter it fetches until the
     backward of the module that started it ends, so the buffers hold one decoder layer's swapped
-    tensors and one more (the evidence: ``bench/results/nvme-offload``).
+    tensors and one more (the jobs that failed with fewer, or smaller, buffers:
+    ``bench/results/nvme-offload``).
     """
     if stage == 0:
         return (knobs,)

@@ -24,8 +24,8 @@ _INSERT_EVENTS = insert(_JOB_EVENTS)
 
 def create(session: Session, values: dict[str, Any], events: list[dict[str, Any]]) -> Row[Any]:
     """Insert a new job and its first events in this transaction; returns the stored row (every
-    column, defaults filled), what ``JobRead`` is built from. Two statements, no unit of work: the
-    submission path's cost is mostly the ORM's bookkeeping of objects it never uses again."""
+    column, defaults filled), what ``JobRead`` is built from. Two statements and no unit of work: the
+    ORM's bookkeeping of objects the submission never uses again cost more than the statements."""
     conn = session.connection()
     row = conn.execute(_INSERT_JOB, values).one()
     if events:

@@ -46,7 +46,7 @@ from api.plans.service import (
     refusal,
     resolve_model,
 )
-from api.workers import WorkerWatch, no_worker
+from api.workers import WorkerWatch
 from planner import Plan
 from planner.constants import GIB
 from planner.spec import DataSource, JobSpec
@@ -349,9 +349,9 @@ def leased_gpu_bytes(plan_json: dict[str, Any], spec: JobSpec) -> int:
 
 
 def create_job(session: Session, settings: Settings, user: Principal, spec: JobSpec,
-               watch: WorkerWatch | None = None) -> tuple[JobRead, str]:
+               watch: WorkerWatch) -> tuple[JobRead, str]:
     """Validate, plan and store a queued job with its 'created' and audit events (and a 'waiting'
-    one while no worker reports; ``watch`` remembers a live one between submissions).
+    one while no worker reports; ``watch``, the app's, remembers a live one between submissions).
 
     Returns the job and the Celery task id stored with it (to send under after the commit).
     """
@@ -376,8 +376,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
          "data": {"status": "queued", "num_gpus": plan.num_gpus}},
         {"kind": "audit", "actor": user.name, "message": "create", "data": {"action": "create"}},
     ]
-    silent = watch.no_worker(session, settings) if watch is not None else no_worker(session, settings)
-    if silent is not None:
+    if (silent := watch.no_worker(session, settings)) is not None:
         events.append({"kind": "waiting", "actor": "api", "message": silent, "data": {"reason": "no_worker"}})
     job = jobs.create(session, {
         "id": job_id, "owner_id": user.user_id, "name": spec.name, "model": model_label(spec),

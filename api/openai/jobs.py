@@ -19,6 +19,7 @@ from api.jobs.router import Submitter
 from api.openai import service
 from api.openai.errors import OpenAIRoute
 from api.openai.schemas import FineTuningJobCreate
+from api.workers import WorkerWatch
 from store import jobs as job_rows
 from tunebox.settings import Settings
 
@@ -39,8 +40,10 @@ async def create_job(
     idempotency_key: Annotated[str | None, Header(alias=idempotency.HEADER)] = None,
     retries_taken: Annotated[int, Header(alias="X-Stainless-Retry-Count", ge=0, le=1000)] = 0,
 ) -> dict[str, Any]:
+    state = request.app.state
     return await run_in_threadpool(
-        _create, session, settings, user, body, idempotency_key, retries_taken, request.app.state.enqueue
+        _create, session, settings, user, body, idempotency_key, retries_taken, state.enqueue,
+        state.worker_watch,
     )
 
 
@@ -52,6 +55,7 @@ def _create(
     explicit_key: str | None,
     retries_taken: int,
     enqueue: jobs.Enqueue,
+    watch: WorkerWatch,
 ) -> dict[str, Any]:
     spec = service.spec_from_request(body)
     body_hash = service.fingerprint(body)
@@ -63,7 +67,7 @@ def _create(
         finish_now(session)
         return obj
     try:
-        created, task_id = jobs.create_job(session, settings, user, spec)
+        created, task_id = jobs.create_job(session, settings, user, spec, watch)
     except ApiError:
         idempotency.release(session, user.user_id, key)
         raise
