@@ -520,41 +520,14 @@ def _host(c: Candidate, bounds: Bounds) -> HostMemory:
 
 def _model_summary(p: Prepared) -> ModelSummary:
     a = p.arch
-    return ModelSummary(
-        model_type=a.model_type,
-        source=p.source,
-        num_parameters=a.num_parameters,
-        trainable_parameters=p.facts.trainable_parameters,
-        hidden_size=a.hidden_size,
-        intermediate_size=a.intermediate_size,
-        num_hidden_layers=a.num_layers,
-        num_attention_heads=a.num_heads,
-        num_key_value_heads=a.num_kv_heads,
-        head_dim=a.head_dim,
-        vocab_size=a.vocab_size,
-        max_position_embeddings=a.max_position_embeddings,
-        tie_word_embeddings=a.tie_word_embeddings,
-        torch_dtype=a.torch_dtype,
-    )
+    # the summary spells the shape as a transformers config does
+    return _same_named(ModelSummary, a, source=p.source,
+                       trainable_parameters=p.facts.trainable_parameters, num_hidden_layers=a.num_layers,
+                       num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads)
 
 
 def _resolved(s: Setup) -> Resolved:
-    return Resolved(
-        method=s.method,
-        num_gpus=s.num_gpus,
-        zero_stage=s.zero_stage,
-        offload_optimizer=s.offload_optimizer,
-        offload_param=s.offload_param,
-        micro_batch_size=s.micro_batch_size,
-        gradient_accumulation_steps=s.gradient_accumulation_steps,
-        global_batch_size=s.global_batch,
-        seq_len=s.seq_len,
-        gradient_checkpointing=s.gradient_checkpointing,
-        precision=s.precision,
-        optimizer=s.optimizer,
-        attn_implementation=s.attn_implementation,
-        loss_chunk_tokens=s.loss_chunk_tokens,
-    )
+    return _same_named(Resolved, s, global_batch_size=s.global_batch)
 
 
 def _eval(p: Prepared, e: EvalMemory, training_bytes: int) -> EvalEstimate:
