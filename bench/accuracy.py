@@ -258,11 +258,9 @@ def _memory_table(rows: Sequence[Row]) -> list[str]:
 
 
 def planned_host(p: Plan) -> int:
-    """Host bytes as measured: bench/measure.py builds the model on the GPU (or under zero.Init),
-    so the plan's model-load term — a from_pretrained through host memory — does not apply, and each
-    of its processes holds ``BENCH_HARNESS_PROCESS_BYTES`` more than the service's trainer."""
-    from planner.constants import BENCH_HARNESS_PROCESS_BYTES
-
+    """Host bytes as measured: bench/measure.py builds the model on the GPU (or under zero.Init) and
+    saves no checkpoint, so neither the plan's model load (a from_pretrained through host memory)
+    nor its checkpoint save applies."""
     h = p.host
     resident = (
         h.optimizer_states_bytes
@@ -271,8 +269,8 @@ def planned_host(p: Plan) -> int:
         + h.parameters_bytes
         + h.pinned_buffers_bytes
     )
-    process = h.process_bytes + p.num_gpus * BENCH_HARNESS_PROCESS_BYTES
-    return int(max(process + resident, host_staging_peak(p.num_gpus, h.partition_staging_bytes)))
+    return int(max(h.training_process_bytes + resident,
+                   host_staging_peak(p.num_gpus, h.partition_staging_bytes)))
 
 
 def _host_table(rows: Sequence[Row]) -> list[str]:

@@ -86,6 +86,8 @@ class ModelFacts:
 @dataclass(frozen=True, slots=True)
 class HostEstimate:
     process_bytes: int
+    training_process_bytes: int
+    checkpoint_save_bytes: int
     model_load_bytes: int
     partition_staging_bytes: int
     optimizer_states_bytes: int
@@ -416,6 +418,33 @@ def _sub_groups(facts: ModelFacts, n: int, size: int) -> tuple[int, ...]:
     return tuple(groups)
 
 
+def _checkpoint_save(facts: ModelFacts, s: Setup, w: int) -> float:
+    """Host bytes a checkpoint save holds at once, all ranks, beyond the training process.
+
+    ``engine.save_checkpoint`` runs first: torch.save copies each GPU-resident storage of the engine
+    to the host one at a time, so a rank holds its largest: an fp32 master group of the optimizer
+    on the GPU (ZeRO-3: a sub-group) or ZeRO 0-2's flat 16-bit group of what trains. Then rank 0
+    copies the weights it writes to the host (full fine-tuning: every 16-bit weight, and under ZeRO
+    0-2 a tied embedding once per name of the state dict; LoRA: the adapters) and holds them while
+    ``save_pretrained`` writes them."""
+    n, t = s.num_gpus, facts.trainable_parameters
+    part = t / (1 if s.zero_stage == 0 else n)
+    fp32 = 0.0
+    if s.offload_optimizer == "none":
+        if s.zero_stage == 3:
+            fp32 = _FP32 * max(_sub_groups(facts, n, int(s.knobs.sub_group_size)), default=0)
+        else:
+            fp32 = _FP32 * part
+    torch_save = max(fp32, w * part if s.zero_stage < 3 else 0.0)
+    if s.method == "full":
+        arch = facts.arch
+        tied = arch.tie_word_embeddings and s.zero_stage < 3
+        weights = w * (facts.num_parameters + (arch.vocab_size * arch.hidden_size if tied else 0))
+    else:
+        weights = w * t
+    return (n - 1) * torch_save + max(torch_save, weights)
+
+
 def host_staging_peak(num_gpus: int, staging_bytes: float) -> float:
     """Host RSS of all ranks while ZeRO-3 stages its partitions through the host (0: it does not)."""
     return num_gpus * C.HOST_INIT_PROCESS_BYTES + staging_bytes if staging_bytes else 0.0
@@ -474,11 +503,17 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     # what its first step loads.
     staging = n * w * part if s.zero_stage == 3 and s.offload_param == "none" else 0.0
     resident = master + optimizer + grads + params + pinned
-    param_offload = s.zero_stage == 3 and s.offload_param == "cpu"
-    process = n * (C.HOST_PROCESS_BYTES + (C.HOST_PARAM_OFFLOAD_BYTES if param_offload else 0))
-    total = max(process + max(load, resident), host_staging_peak(n, staging))
+    bookkeeping = n * C.HOST_PARAM_OFFLOAD_BYTES if s.zero_stage == 3 and s.offload_param == "cpu" else 0
+    process = n * C.HOST_PROCESS_BYTES + bookkeeping
+    # after its first steps a process holds the rest of the CUDA libraries; a checkpoint save then
+    # adds its host copies on top of the offloaded states
+    training = n * C.HOST_TRAINING_PROCESS_BYTES + bookkeeping
+    save = _checkpoint_save(facts, s, w)
+    total = max(process + load, training + resident + save, host_staging_peak(n, staging))
     host = HostEstimate(
         process_bytes=process,
+        training_process_bytes=training,
+        checkpoint_save_bytes=int(save),
         model_load_bytes=int(load),
         partition_staging_bytes=int(staging),
         optimizer_states_bytes=int(optimizer),

@@ -112,9 +112,16 @@ class PerGpuMemory(_Out):
 
 
 class HostMemory(_Out):
-    """Host RAM of all training processes together (resident set)."""
+    """Host RAM of all training processes together (resident set): the largest of the model load,
+    ZeRO-3's partition staging, and the training with its offloaded states and a checkpoint save."""
 
+    #: the processes while they load the model
     process_bytes: int
+    #: the processes once their first steps have loaded the rest of the CUDA libraries
+    training_process_bytes: int
+    #: what a checkpoint save holds at once: torch.save's copy of the largest GPU-resident storage
+    #: of the engine on each rank, or rank 0's host copy of the weights it writes
+    checkpoint_save_bytes: int
     model_load_bytes: int
     #: ZeRO-3 with the parameters on the GPU: the host buffer deepspeed.initialize flattens each
     #: rank's trainable bf16 partitions through (transient; the peak is the larger of it, the model

@@ -125,3 +125,14 @@ def test_a_plan_holds_the_attention_its_job_ran(ident: str, tmp_path: Path) -> N
     eager = plan(eager_spec).per_gpu.total_bytes
     assert -0.03 <= (ran - nvml) / nvml <= 0.10
     assert (eager - nvml) / nvml > 0.25  # the attention the trainer did not run
+
+
+@pytest.mark.parametrize("ident", [i for i, _, _ in _structure_jobs("CHECKPOINT_SAVE_HOST")])
+def test_the_checkpoint_save_is_what_a_run_adds_to_its_steps_host_memory(ident: str, tmp_path: Path) -> None:
+    """The worker's peak RSS of a full fine-tune less the largest RSS the trainer reported at a step
+    is the final checkpoint's save."""
+    from bench.field_cases import replan
+
+    _, job, box = next(j for j in _structure_jobs("CHECKPOINT_SAVE_HOST") if j[0] == ident)
+    added = job["measured_host_rss_bytes"] - job["host_rss_peak_bytes"]
+    assert replan(job, box, tmp_path).host.checkpoint_save_bytes == pytest.approx(added, rel=0.05)

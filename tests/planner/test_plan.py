@@ -778,12 +778,49 @@ def test_zero3_stages_the_trainable_partitions_through_the_host_at_initializatio
     params = full.model.trainable_parameters
     assert full.host.partition_staging_bytes == pytest.approx(2 * params, rel=1e-6)
     # the staging peak: every rank at its size before the first step, plus all the partitions
-    assert full.host.total_bytes == pytest.approx(2 * C.HOST_INIT_PROCESS_BYTES + 2 * params, rel=1e-6)
+    # (here below the checkpoint save, where rank 0 holds the whole 16-bit model)
+    staging_peak = 2 * C.HOST_INIT_PROCESS_BYTES + 2 * params
+    assert full.host.total_bytes >= staging_peak
     assert host("full", gpus=1).host.partition_staging_bytes == pytest.approx(2 * params, rel=1e-6)
     lora = host("lora")
     assert lora.host.partition_staging_bytes == pytest.approx(2 * lora.model.trainable_parameters, rel=1e-6)
     assert lora.host.total_bytes == lora.host.process_bytes + lora.host.model_load_bytes
     assert host("full", offload_param="cpu").host.partition_staging_bytes == 0
+
+
+def test_a_checkpoint_save_holds_host_copies_of_what_it_saves() -> None:
+    """torch.save copies each GPU storage of the engine to the host one at a time (the largest: the
+    fp32 master of an optimizer on the GPU), then rank 0 holds the 16-bit weights it writes (a tied
+    embedding twice, once per name of the state dict): both come on top of the training process
+    and what it keeps on the host."""
+    from planner import constants as C
+
+    def planned(method: str = "full", offload: str = "none", gpus: int = 1) -> Any:
+        resources = {"num_gpus": gpus, "zero_stage": 1, "offload_optimizer": offload, "offload_param": "none"}
+        spec = job(model={"name": "Qwen/Qwen2.5-0.5B"}, method=method, resources=resources,
+                   hardware=hardware(gpus=gpus, host_gib=256))
+        return plan(spec)
+
+    on_gpu = planned()
+    m = on_gpu.model
+    params, tied = m.num_parameters, m.vocab_size * m.hidden_size
+    assert m.tie_word_embeddings
+    assert on_gpu.host.checkpoint_save_bytes == pytest.approx(4 * params, rel=1e-6)
+    assert on_gpu.host.total_bytes == on_gpu.host.training_process_bytes + on_gpu.host.checkpoint_save_bytes
+    assert on_gpu.host.training_process_bytes == C.HOST_TRAINING_PROCESS_BYTES
+
+    offloaded = planned(offload="cpu")
+    h = offloaded.host
+    assert h.checkpoint_save_bytes == pytest.approx(2 * (params + tied), rel=1e-6)
+    resident = (h.optimizer_states_bytes + h.master_weights_bytes + h.gradients_bytes
+                + h.pinned_buffers_bytes)
+    assert h.total_bytes == h.training_process_bytes + resident + h.checkpoint_save_bytes
+
+    # two ranks each copy half the master; only rank 0 copies the weights
+    two = planned(gpus=2).host
+    assert two.checkpoint_save_bytes == pytest.approx(4 * params / 2 + 2 * (params + tied), rel=1e-6)
+    # LoRA writes its adapters: nothing the size of the model
+    assert planned(method="lora").host.checkpoint_save_bytes < 0.05 * params
 
 
 def test_loss_caches_one_more_block_where_the_first_steps_moments_take_one_of_its_own() -> None:

@@ -108,16 +108,19 @@ def _gather_trainable(module: Any, is_rank0: bool) -> dict[str, Any] | None:
         return {n: p.detach().to("cpu", copy=True) for n, p in named}
 
 
-def _full_state_dict(engine: Any) -> dict[str, Any] | None:
+def _full_state_dict(engine: Any, is_rank0: bool) -> dict[str, Any] | None:
+    """The 16-bit weights on the host, on rank 0 (the planner's checkpoint save counts this copy)."""
     if engine.zero_optimization_partition_weights():
         consolidated: dict[str, Any] | None = engine._zero3_consolidated_16bit_state_dict()
         return consolidated  # a collective; None except on rank 0
+    if not is_rank0:  # every rank holds the whole model: only the one that writes copies it
+        return None
     return {k: v.detach().to("cpu", copy=True) for k, v in engine.module.state_dict().items()}
 
 
 def _write_weights(engine: Any, lora: bool, tmp: Path, is_rank0: bool) -> None:
     module = engine.module
-    state = _gather_trainable(module, is_rank0) if lora else _full_state_dict(engine)
+    state = _gather_trainable(module, is_rank0) if lora else _full_state_dict(engine, is_rank0)
     if is_rank0:
         assert state is not None
         module.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
