@@ -20,7 +20,7 @@ from planner import constants as C
 from planner.constants import GIB
 from planner.errors import PlanError
 from planner.models import HardwareFigure, PlannedHardware
-from planner.spec import HardwareSpec
+from planner.spec import FigureSource, HardwareSpec
 
 __all__ = [
     "GpuCard",
@@ -35,8 +35,8 @@ __all__ = [
     "tflops_from_probe",
 ]
 
-#: Where a hardware figure of a plan came from.
-Source = Literal["spec", "probe", "setting", "learned", "catalogue", "default"]
+#: Where a hardware figure of a plan came from: what a spec may name, or the planner's default.
+Source = Literal[FigureSource, "default"]
 
 
 
