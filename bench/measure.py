@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
-import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -31,7 +31,6 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +62,11 @@ OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FA
 def build_ds_config(spec: dict[str, Any]) -> dict[str, Any]:
     """The DeepSpeed config the service runs ``spec`` with: the plan's own (``planner.dsconfig``), so
     a case measures the configuration users get. Every choice of the case must be concrete."""
+    return dict(plan_case(spec).deepspeed_config)
+
+
+def plan_case(spec: dict[str, Any]) -> Any:
+    """The plan of a case, whose every choice must be concrete."""
     from planner import plan
 
     tr, res = spec["training"], spec["resources"]
@@ -82,7 +86,83 @@ def build_ds_config(spec: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("offload needs ZeRO stage 1-3")
     if off_param == "cpu" and int(res["zero_stage"]) != 3:
         raise ValueError("parameter offload needs ZeRO-3")
-    return plan(spec).deepspeed_config
+    return plan(spec)
+
+
+# --------------------------------------------------------------------------- the job a case runs
+
+#: model folders kept on the disk at once (a 7B model in bf16 is 15 GB)
+MODEL_FOLDERS_KEPT = 2
+#: rows of the case's dataset; each is longer than any case's sequence, so every row the trainer
+#: draws is one whole example of seq_len tokens (no padding, no packed rows and so no mask)
+DATASET_ROWS = 64
+DATASET_WORDS = 12_000
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    path: Path | None
+    error: str | None = None
+    timed_out: bool = False
+
+
+def model_folder(config: dict[str, Any], work: Path, limit_s: float) -> ModelFolder:
+    """A folder holding a random-init model of ``config`` and the bench's tokenizer, saved the way a
+    real one is (``--build-model``, in a child on the training device), for the trainer to load as
+    it loads a job's model; kept for the cases after it."""
+    import hashlib
+
+    key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    root = work / "models"
+    dest = root / key
+    if (dest / "config.json").exists() and any(dest.glob("*.safetensors")):
+        os.utime(dest)
+        return ModelFolder(dest)
+    kept = sorted((p for p in root.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime) \
+        if root.exists() else []
+    for old in kept[:max(0, len(kept) - MODEL_FOLDERS_KEPT + 1)]:
+        shutil.rmtree(old, ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    spec_file, log = root / f"{key}.json", root / f"{key}.log"
+    spec_file.write_text(json.dumps(config))
+    proc = _start_helper(["--build-model", str(spec_file), "--dest", str(dest)], log)
+    timed_out = _wait_helper(proc, limit_s)
+    if proc.returncode != 0 or not (dest / "config.json").exists():
+        shutil.rmtree(dest, ignore_errors=True)
+        failed = f"building the model failed (rc {proc.returncode}):\n{_tail(log)}"
+        return ModelFolder(None, failed, timed_out)
+    return ModelFolder(dest)
+
+
+def case_dataset(work: Path) -> Path:
+    """The dataset every case trains on (text rows, as a user's: the trainer tokenizes them)."""
+    from bench.service_gpu import build_dataset
+
+    path = work / "data" / "rows.jsonl"
+    if not path.exists():
+        build_dataset(path, rows=DATASET_ROWS, words=DATASET_WORDS)
+    return path
+
+
+def write_run(job_dir: Path, case: Case, model: Path, data: Path, plan: Any, ds_config: dict[str, Any],
+              device: str, gpu_limit: int | None, steps: int) -> None:
+    """The case's run.json, as the worker writes a job's from its stored spec and plan
+    (``worker.launcher.build_run_file``): the spec names the model folder and the data, and trains
+    for the steps the harness takes."""
+    from worker._trainlib.runfile import write_json_atomic
+
+    spec = json.loads(json.dumps(case.spec))
+    spec["model"] = {"path": str(model)}
+    spec["dataset"] = {"path": str(data)}
+    spec["training"]["max_steps"] = steps
+    spec["training"].pop("epochs", None)
+    spec["eval"] = {"when": "none"}
+    job_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(job_dir / "run.json", {
+        "job_id": re.sub(r"[^A-Za-z0-9.=+-]+", "_", case.name)[:120], "spec": spec,
+        "model_path": str(model), "dataset_path": str(data), "eval_dataset_path": "",
+        "resolved": plan.resolved.model_dump(), "deepspeed_config": ds_config, "device": device,
+        "gpu_memory_limit_bytes": gpu_limit})
 
 
 # --------------------------------------------------------------------------- parent: discovery
@@ -436,7 +516,8 @@ def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: f
                               "error": None, "measured": None, "env": env, "wall_seconds": None}
     try:
         _validate(spec)
-        ds_config = build_ds_config(spec)
+        planned = plan_case(spec)
+        ds_config = dict(planned.deepspeed_config)
         gpu_limit = memory.limit_bytes(spec) if gpus.handles else None
         record["gpu_memory_limit"] = memory.describe(gpu_limit)
     except Exception as exc:  # an invalid case is a recorded error, not a stopped run
@@ -445,13 +526,20 @@ def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: f
     record["deepspeed_config"] = ds_config
     slug = re.sub(r"[^A-Za-z0-9.=+-]+", "_", case.name)[:120]
     case_dir = Path(tempfile.mkdtemp(prefix=f"{slug}-", dir=work))
+    model = model_folder(spec["model"]["config"], work, limit_s)
+    if model.path is None:
+        status, error = "error", model.error
+        if model.timed_out:
+            why = "budget: the wall-clock budget ran out" if budget_clamped else "timeout"
+            status, error = "timeout", f"{why} after {limit_s:.0f} s, {model.error}"
+        record.update(status=status, error=error, wall_seconds=round(time.monotonic() - t0, 3))
+        return record
+    job_dir = case_dir / "job"
+    write_run(job_dir, case, model.path, case_dataset(work), planned, ds_config,
+              "cuda" if gpus.handles else "cpu", gpu_limit, warmup_steps + case.measured_steps + phase_steps)
     case_file = case_dir / "case.json"
-    ga = int(spec["training"].get("gradient_accumulation_steps", 1))
-    case_file.write_text(json.dumps({"name": case.name, "spec": spec, "ds_config": ds_config,
-                                     "warmup_micro_steps": warmup_steps * ga,
-                                     "measured_steps": case.measured_steps,
-                                     "phase_steps": phase_steps,
-                                     "gpu_memory_limit_bytes": gpu_limit}))
+    case_file.write_text(json.dumps({"name": case.name, "job_dir": str(job_dir), "warmup_steps": warmup_steps,
+                                     "measured_steps": case.measured_steps, "phase_steps": phase_steps}))
     baseline = gpus.used() if gpus.handles else []
     runs = _spawn_ranks(case_file, int(spec["resources"]["num_gpus"]), case_dir)
     sampler = Sampler(gpus, [r.proc.pid for r in runs])
@@ -520,12 +608,15 @@ def _start_helper(args: list[str], log: Path) -> subprocess.Popen[bytes]:
                                 start_new_session=True)
 
 
-def _wait_helper(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def _wait_helper(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Wait for a helper; True where it ran out of time and was killed."""
     try:
         proc.wait(timeout=timeout_s)
+        return False
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        return True
 
 
 def prebuild(ops: list[str], work: Path, limit_s: float) -> dict[str, Any]:
@@ -581,7 +672,9 @@ def env_info(gpus: Gpus, versions: dict[str, Any]) -> dict[str, Any]:
             "driver": gpus.driver, "python": sys.version.split()[0],
             "accelerator": versions.get("accelerator"),
             "pytorch_cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-            "cpu_model": _cpu_model(), "cpu_count": os.cpu_count()}
+            "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
+            # the training program the cases ran: the service's trainer
+            "trainer": "worker.train"}
 
 
 def _cpu_model() -> str | None:
@@ -800,6 +893,26 @@ def prebuild_main(op: str, result: Path) -> int:
     return 0
 
 
+def build_model_main(config_file: Path, dest: Path) -> int:
+    """A random-init model of the config in ``config_file`` with the bench's tokenizer, saved in
+    bf16 to ``dest`` (built on the GPU where there is one)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from bench.service_gpu import build_tokenizer
+
+    dest.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(dest)
+    raw = json.loads(config_file.read_text())
+    raw.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = AutoModelForCausalLM.from_config(hf_config(raw), dtype=torch.bfloat16)
+    model.save_pretrained(dest)
+    return 0
+
+
 def _versions() -> dict[str, Any]:
     import deepspeed
     import peft
@@ -812,250 +925,42 @@ def _versions() -> dict[str, Any]:
             "accelerator": get_accelerator().device_name()}
 
 
-class _Peaks:
-    """Running max of torch's allocator peaks across resets (the phases reset them)."""
-
-    def __init__(self, torch: Any, cuda: bool) -> None:
-        self.torch, self.cuda = torch, cuda
-        self.allocated = 0
-        self.reserved = 0
-
-    def fold(self) -> None:
-        if self.cuda:
-            self.allocated = max(self.allocated, int(self.torch.cuda.max_memory_allocated()))
-            self.reserved = max(self.reserved, int(self.torch.cuda.max_memory_reserved()))
-
-    def reset(self) -> None:
-        self.fold()
-        if self.cuda:
-            self.torch.cuda.reset_peak_memory_stats()
-
-    def since_reset(self) -> int | None:
-        return int(self.torch.cuda.max_memory_allocated()) if self.cuda else None
-
-
-_KEEP_ALIVE: list[Any] = []  # HfDeepSpeedConfig must outlive model construction (weakref inside HF)
-
-
-def _build_model(spec: dict[str, Any], ds_config: dict[str, Any], device: Any, cuda: bool) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    config = hf_config(spec["model"]["config"])
-    config.use_cache = False
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
-        spec["training"].get("precision", "bf16")]
-    # as the service's trainer does: the spec's attention where it names one, else transformers' pick
-    attn = spec["training"].get("attn_implementation")
-    kwargs = {"attn_implementation": attn} if attn else {}
-    if spec["resources"]["zero_stage"] == 3:
-        from transformers.integrations.deepspeed import HfDeepSpeedConfig
-
-        # Partitioned at construction by zero.Init, as the service's trainer loads ZeRO-3 models.
-        _KEEP_ALIVE.append(HfDeepSpeedConfig(ds_config))  # type: ignore[no-untyped-call]
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)  # type: ignore[no-untyped-call]
-    ctx = torch.device(device) if cuda else contextlib.nullcontext()
-    with ctx:  # random init straight on the GPU; on the CPU it is slow
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)  # type: ignore[no-untyped-call]
-
-
-def _prepare(model: Any, spec: dict[str, Any]) -> Any:
-    lora = spec.get("method", "lora") == "lora"
-    if spec["training"]["gradient_checkpointing"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if lora:
-            model.enable_input_require_grads()
-    if lora:
-        from peft import LoraConfig, get_peft_model
-
-        lc = spec.get("lora") or {}
-        model = get_peft_model(model, LoraConfig(
-            r=lc.get("r", 16), lora_alpha=lc.get("alpha", 32), lora_dropout=lc.get("dropout", 0.05),
-            target_modules=list(lc.get("target_modules", ["q_proj", "k_proj", "v_proj", "o_proj"])),
-            bias="none", task_type="CAUSAL_LM"))
-    return model
-
-
-def _count(model: Any) -> tuple[int, int]:
-    total = trainable = 0
-    for p in model.parameters():
-        n = int(getattr(p, "ds_numel", p.numel()))
-        total += n
-        trainable += n if p.requires_grad else 0
-    return total, trainable
-
-
 def _train(job: dict[str, Any], result: dict[str, Any]) -> None:
+    """The service's trainer on the case's run.json, measured around its own steps."""
     import torch
 
-    spec, ds_config = job["spec"], job["ds_config"]
-    rank = int(os.environ.get("RANK", "0"))
-    cuda = torch.cuda.is_available()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    from bench.measured_trainer import MeasuredTrainer
+    from tunebox.hostclock import probe
+    from worker._trainlib.runfile import load_run
+    from worker.train import _prepare_environment
+
+    run = load_run(Path(job["job_dir"]))
+    cuda = run.device == "cuda"
     if cuda:
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     # the host's speed as this case found it, before DeepSpeed patches anything: the run's own
     # probe (env.host_probe) is one reading for every case of the run
-    from tunebox.hostclock import probe
-
     result["host_probe"] = probe("cuda" if cuda else "cpu")
-    import deepspeed
-
-    if cuda:
-        from worker._trainlib.modeling import limit_gpu_memory
-
-        limit_gpu_memory(job.get("gpu_memory_limit_bytes"), local_rank)
-        if os.environ.get(ALLOC_TRACE_ENV):
-            # "none": sizes and addresses only (the recording of Python stacks breaks ZeRO-3's linear)
-            with_stacks = os.environ[ALLOC_TRACE_ENV] != "none"
-            torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python",
-                                                     context="alloc" if with_stacks else None)
-            result["alloc_trace"] = True
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    peaks = _Peaks(torch, cuda)
-    result["peaks"] = peaks
     result["versions"] = _versions()
-    host = result["host_phases"]
-    deepspeed.init_distributed()
-    host["after_init_distributed"] = _host_now(torch, cuda)
-    t_init = time.perf_counter()
-    model = _prepare(_build_model(spec, ds_config, device, cuda), spec)
-    host["after_model"] = _host_now(torch, cuda)
-    result["param_count"], result["trainable_param_count"] = _count(model)
-    result["attn_implementation"] = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    result["partitioned_at_init"] = any(hasattr(p, "ds_id") for p in model.parameters())
-    engine, *_ = deepspeed.initialize(model=model, config=ds_config,
-                                      model_parameters=[p for p in model.parameters() if p.requires_grad])
-    result["init_seconds"] = round(time.perf_counter() - t_init, 3)
-    host["after_initialize"] = _host_now(torch, cuda)
-    phases = result["phase_peaks"]
-    phases["after_init_allocated"] = int(torch.cuda.memory_allocated()) if cuda else None
-
-    vocab = int(spec["model"]["config"]["vocab_size"])
-    tr = spec["training"]
-    shape = (int(tr["micro_batch_size"]), int(tr["seq_len"]))
-    torch.manual_seed(1234 + rank)
-
-    marks: list[str] | None = result.setdefault("trace_marks", []) if result.get("alloc_trace") else None
-    counter = itertools.count()
+    _prepare_environment(run)
+    marks: list[str] | None = None
+    if cuda and os.environ.get(ALLOC_TRACE_ENV):
+        # "none": sizes and addresses only (the recording of Python stacks breaks ZeRO-3's linear)
+        with_stacks = os.environ[ALLOC_TRACE_ENV] != "none"
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python",
+                                                 context="alloc" if with_stacks else None)
+        result["alloc_trace"] = True
+        marks = result.setdefault("trace_marks", [])
 
     def mark(label: str) -> None:
         if marks is not None:
             _trace_mark(torch, label, marks)
 
-    def micro_step(before_step: Callable[[], None] | None = None,
-                   after: Callable[[str], None] | None = None) -> Any:
-        """One micro-step; ``after(phase)`` runs once the forward, the backward and the step are
-        issued (``_time_phases``)."""
-        k = next(counter)
-        ids = torch.randint(0, vocab, shape, device=engine.device)
-        mark(f"forward {k}")
-        loss = engine(input_ids=ids, labels=ids).loss
-        if after:
-            after("forward")
-        mark(f"backward {k}")
-        engine.backward(loss)
-        if after:
-            after("backward")
-        if before_step:
-            before_step()
-        mark(f"step {k}")
-        engine.step()
-        if after:
-            after("step")
-        return loss.detach()
-
-    mark("initialised")
-
-    warmup_peaks = result["step_allocated_peaks"]["warmup_micro_steps"]
-    for _ in range(int(job["warmup_micro_steps"])):
-        peaks.reset()
-        micro_step()
-        warmup_peaks.append(peaks.since_reset())
-    host["after_warmup"] = _host_now(torch, cuda)
-    result["step_seconds"] = _measure(job, engine, micro_step, peaks, phases, cuda, torch, result)
-    host["after_measure"] = _host_now(torch, cuda)
-    result["phase_seconds"] = _time_phases(engine, micro_step, int(job.get("phase_steps", 0)), cuda, torch)
-
-
-def _time_phases(engine: Any, micro_step: Callable[..., Any], steps: int, cuda: bool,
-                 torch: Any) -> list[dict[str, float]]:
-    """Seconds of forward, backward and optimizer step (``engine.step``, which is light except at
-    the accumulation boundary) summed over each optimizer step's micro-steps, with the GPU
-    synchronised at every phase boundary: where a step's time goes, not its length. The forward
-    includes drawing its micro-batch's token ids on the GPU."""
-    ga = int(engine.gradient_accumulation_steps())
-
-    def timed_step() -> dict[str, float]:
-        if cuda:
-            torch.cuda.synchronize()
-        parts = {"forward": 0.0, "backward": 0.0, "step": 0.0}
-        last = time.perf_counter()
-
-        def after(phase: str) -> None:
-            nonlocal last
-            if cuda:
-                torch.cuda.synchronize()
-            now = time.perf_counter()
-            parts[phase] += now - last
-            last = now
-
-        for _ in range(ga):
-            micro_step(after=after)
-        return {k: round(v, 4) for k, v in parts.items()}
-
-    return [timed_step() for _ in range(steps)]
-
-
-def _host_now(torch: Any, cuda: bool) -> dict[str, int | None]:
-    """This rank's resident set and its pinned host memory (torch's pinned allocator) right now."""
-    import psutil
-
-    now: dict[str, int | None] = {"rss_bytes": int(psutil.Process().memory_info().rss),
-                                  "pinned_bytes": None, "pinned_active_bytes": None}
-    if cuda:
-        with contextlib.suppress(Exception):  # host_memory_stats is new in torch 2.x
-            stats = torch.cuda.host_memory_stats()
-            now["pinned_bytes"] = int(stats["allocated_bytes.current"])
-            now["pinned_active_bytes"] = int(stats["active_bytes.current"])
-    return now
-
-
-def _measure(job: dict[str, Any], engine: Any, micro_step: Callable[..., Any], peaks: _Peaks,
-             phases: dict[str, Any], cuda: bool, torch: Any, result: dict[str, Any]) -> list[float]:
-    """Median-able wall times of the measured optimizer steps; the last one also records phase peaks."""
-    ga = int(engine.gradient_accumulation_steps())
-    steps = int(job["measured_steps"])
-    times: list[float] = []
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    def end_of_backward() -> None:
-        phases["forward_backward_allocated_peak"] = peaks.since_reset()
-        peaks.reset()
-
-    measured_peaks = result["step_allocated_peaks"]["measured_steps"]
-    for s in range(steps):
-        last = s == steps - 1
-        sync()
-        peaks.reset()
-        t0 = time.perf_counter()
-        for m in range(ga):
-            hook = end_of_backward if last and m == ga - 1 else None
-            loss = micro_step(hook)
-        sync()
-        times.append(time.perf_counter() - t0)
-        result["loss"] = float(loss.float().item())
-        if last:
-            phases["optimizer_step_allocated_peak"] = peaks.since_reset()
-            fb = phases["forward_backward_allocated_peak"]
-            step = phases["optimizer_step_allocated_peak"]
-            measured_peaks.append(None if fb is None else max(fb, step or 0))
-        else:
-            measured_peaks.append(peaks.since_reset())
-    return times
+    trainer = MeasuredTrainer(run, result, mark)
+    try:
+        trainer.measure(int(job["warmup_steps"]), int(job["measured_steps"]), int(job.get("phase_steps", 0)))
+    finally:
+        trainer.progress.close()
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -1237,6 +1142,12 @@ def _dispatch(argv: list[str]) -> int:
         p.add_argument("--probe", action="store_true")
         p.add_argument("--result", type=Path, required=True)
         return probe_main(p.parse_args(argv).result)
+    if argv[:1] == ["--build-model"]:
+        p = argparse.ArgumentParser()
+        p.add_argument("--build-model", type=Path, required=True)
+        p.add_argument("--dest", type=Path, required=True)
+        a = p.parse_args(argv)
+        return build_model_main(a.build_model, a.dest)
     if argv[:1] == ["--prebuild"]:
         p = argparse.ArgumentParser()
         p.add_argument("--prebuild", required=True)

@@ -2,7 +2,7 @@
 kernels and host operations that take the most, for a model of ``bench/cases.py`` built from its
 config (random weights) and trained with plain PyTorch (bf16 weights, fused AdamW, no DeepSpeed), or,
 with a ZeRO stage (``--zero-stage`` or a case's sixth field ``z0``-``z3``), by DeepSpeed's engine in
-this one process as ``bench/measure.py`` builds it (no offload), to see what the engine adds.
+this one process on the plan's DeepSpeed config (no offload), to see what the engine adds.
 
 The step-time model (planner/speed.py) puts a micro-step between a GPU clock (FLOPs at a rate) and
 a host clock (per-layer Python and launches); this shows, for one configuration, how busy the GPU
@@ -29,15 +29,18 @@ PROFILED_STEPS = 3
 TOP = 12
 
 
-def _model(name: str, method: str, checkpointing: bool) -> Any:
-    """The model as ``bench/measure.py`` builds it: random weights from the config, bf16, straight on
-    the GPU, transformers' own attention; checkpointing and LoRA (q/k/v/o, r 16) as there."""
+def _model(name: str, method: str, checkpointing: bool, on_gpu: bool = True) -> Any:
+    """Random weights from the config, bf16, built straight on the GPU (``on_gpu``; else where the
+    context puts it: under ZeRO-3's ``zero.Init``, partitioned), transformers' own attention;
+    non-reentrant checkpointing and LoRA (q/k/v/o, r 16) as the service's trainer sets them."""
+    import contextlib
+
     import torch
     from transformers import AutoModelForCausalLM
 
     config = hf_config(MODELS[name])
     config.use_cache = False
-    with torch.device("cuda"):
+    with torch.device("cuda") if on_gpu else contextlib.nullcontext():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -52,15 +55,18 @@ def _model(name: str, method: str, checkpointing: bool) -> Any:
     return model
 
 
+_KEEP_ALIVE: list[Any] = []  # HfDeepSpeedConfig must outlive model construction (weakref inside HF)
+
+
 def _engine(name: str, method: str, seq: int, micro_batch: int, checkpointing: bool, stage: int) -> Any:
-    """DeepSpeed's engine over the model, one rank, the config and model ``bench/measure.py`` builds."""
+    """DeepSpeed's engine over the model, one rank, the plan's DeepSpeed config of the case."""
     import os
 
     import deepspeed
     import torch
 
     from bench.cases import make_case
-    from bench.measure import _build_model, _prepare, build_ds_config
+    from bench.measure import build_ds_config
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533")):
@@ -69,7 +75,11 @@ def _engine(name: str, method: str, seq: int, micro_batch: int, checkpointing: b
     spec = make_case(name, method, stage, "none", checkpointing, seq, micro_batch, 1).spec
     ds_config = build_ds_config(spec)
     deepspeed.init_distributed()
-    model = _prepare(_build_model(spec, ds_config, torch.device("cuda", 0), True), spec)
+    if stage == 3:
+        from transformers.integrations.deepspeed import HfDeepSpeedConfig
+
+        _KEEP_ALIVE.append(HfDeepSpeedConfig(ds_config))  # type: ignore[no-untyped-call]
+    model = _model(name, method, checkpointing, on_gpu=stage != 3)
     engine, *_ = deepspeed.initialize(model=model, config=ds_config,
                                       model_parameters=[p for p in model.parameters() if p.requires_grad])
     return engine

@@ -39,6 +39,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,9 @@ class Trainer:
         self.meter = Meter(cuda=run.device == "cuda")
         self.step = 0
         self.gpu_memory_limit_bytes: int | None = None
+        #: called with "forward", "backward" and "step" as each phase of a micro-step has been issued
+        #: (bench/measure.py measures and times the phases of the trainer's own steps through it)
+        self.on_phase: Callable[[str], None] | None = None
 
     # ---------------------------------------------------------------- preparation
 
@@ -393,12 +397,15 @@ class Trainer:
                 loss = self.chunked_loss(self.engine, batch)
             else:
                 loss = self.engine(**batch, use_cache=False).loss
+            self._phase("forward")
             # a micro-batch's loss is the mean over its own targets; weighed by its share of the
             # step's targets, the step optimises the mean over all of them, as one batch would.
             # DeepSpeed divides by the accumulation steps and averages the ranks' gradients.
             share = self._targets(self.order, k) / step_targets
             self.engine.backward(loss * (share * self.grad_accum * self.world))
+            self._phase("backward")
             self.engine.step()
+            self._phase("step")
             loss_sum += float(loss.detach().float().item()) * share
             tokens, samples = tokens + n_tokens, samples + n_samples
         self.step += 1
@@ -406,6 +413,10 @@ class Trainer:
         seconds = max(time.perf_counter() - started, 1e-9)
         return {"loss": loss, "lr": lr, "tokens_per_second": tokens / seconds,
                 "samples_per_second": samples / seconds}
+
+    def _phase(self, phase: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(phase)
 
     def report(self, stats: dict[str, Any], run_started: float, steps_this_run: int) -> None:
         per_step = (time.perf_counter() - run_started) / max(1, steps_this_run)
