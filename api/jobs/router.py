@@ -139,16 +139,16 @@ def list_jobs(
 
 
 # one job with its owner's name, as plain columns: a Core row is all that JobRead needs
-_JOB_WITH_OWNER = (select(*Job.__table__.c, User.name.label("owner_name"))
+_JOB_WITH_OWNER = (select(*service.job_read_columns(), User.name.label("owner_name"))
                    .join(User, User.id == Job.owner_id).where(Job.id == bindparam("job_id")))
 
 
-@router.get("/{job_id}", summary="One job", responses=_PROBLEMS)
-async def get_job(job_id: JobId, request: Request, user: Reader) -> JobRead:
+@router.get("/{job_id}", summary="One job", response_model=JobRead, responses=_PROBLEMS)
+async def get_job(job_id: JobId, request: Request, user: Reader) -> Response:
     row = await first_row(request, _JOB_WITH_OWNER, {"job_id": job_id})
     if row is None or not may_read(user, row.owner_id, request.app.state.settings):
         raise service.job_not_found(job_id)
-    return service.job_read(row, row.owner_name)
+    return Response(service.job_read_json(row, row.owner_name), media_type="application/json")
 
 
 @router.post("/{job_id}/cancel", summary="Cancel a job", responses={

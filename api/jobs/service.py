@@ -119,6 +119,38 @@ def job_read(job: Job | Row[Any], owner: str) -> JobRead:
                    eval_result=job.eval_result, log_tail=job.log_tail, data_report=job.data_report)
 
 
+#: the JSON columns of a job that ``job_read_json`` passes through as stored
+RAW_JSON_FIELDS = ("spec", "plan", "eval_result", "data_report")
+#: columns of the jobs table no JobRead shows
+_UNREAD_COLUMNS = frozenset({"eval_dataset_id", "celery_task_id", "worker_pid", "process_group", "job_dir",
+                             "openai_request", "dispatch_checked_at"})
+
+
+def job_read_columns() -> list[Any]:
+    """What ``job_read_json`` reads of a job: the columns JobRead shows, its JSON ones as their
+    stored text."""
+    from sqlalchemy import Text, cast
+
+    return [cast(c, Text).label(c.name) if c.name in RAW_JSON_FIELDS else c
+            for c in Job.__table__.c if c.name not in _UNREAD_COLUMNS]
+
+
+def job_read_json(row: Row[Any], owner: str) -> bytes:
+    """``job_read``'s JSON for a row of ``job_read_columns``: the JSON columns go into the body as the
+    database holds them instead of being parsed, validated and written again (most of what a read
+    of a job cost)."""
+    head = JobRead(**_summary_fields(row, owner), spec={}, plan={}, dataset_id=row.dataset_id,
+                   attempt=row.attempt, worker_host=row.worker_host, gpu_indices=row.gpu_indices,
+                   cancel_requested_at=row.cancel_requested_at, eval_status=row.eval_status,
+                   eval_result=None, log_tail=row.log_tail, data_report=None)
+    parts = [head.model_dump_json(exclude=set(RAW_JSON_FIELDS)).encode()[:-1]]
+    for name in RAW_JSON_FIELDS:
+        text = getattr(row, name)
+        parts.append(f',"{name}":'.encode() + (b"null" if text is None else text.encode()))
+    parts.append(b"}")
+    return b"".join(parts)
+
+
 def load_job(session: Session, job_id: str) -> tuple[Job, str]:
     """The job and its owner's name, or 404."""
     found = jobs.with_owner(session, job_id)

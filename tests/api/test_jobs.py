@@ -28,6 +28,31 @@ def test_submit_stores_queued_job_with_plan_and_enqueues_after_commit(env: Env) 
     assert shown.status_code == 200 and shown.json() == job  # the answer to the POST is the stored job
 
 
+def test_a_job_read_carries_its_stored_json_as_the_orm_reads_it(env: Env) -> None:
+    """GET passes the JSON columns through as the database holds them: the body is the job the ORM
+    reads, as JobRead writes it, null, unicode, nesting and float values included."""
+    from api.jobs.schemas import JobRead
+    from api.jobs.service import job_read
+    from store.db import session_scope
+
+    job = env.submit(name="naïve 漢字 run")
+    with session_scope(env.url) as session:
+        row = session.get(Job, job["id"])
+        assert row is not None
+        row.eval_result = {"loss": 1.25e-05, "perplexity": None, "samples": [{"text": "é\n\"q\""}]}
+        row.data_report = {"train_rows": 12, "tokens": {"p50": 7, "max": 2**40}}
+    shown = env.client.get(f"/v1/jobs/{job['id']}", headers=env.auth())
+    assert shown.status_code == 200 and shown.headers["content-type"] == "application/json"
+    body = shown.json()
+    JobRead.model_validate(body)
+    with session_scope(env.url) as session:
+        row = session.get(Job, job["id"])
+        assert row is not None
+        expected = job_read(row, "alice").model_dump(mode="json")
+    assert body == expected
+    assert body["eval_result"]["samples"][0]["text"] == "é\n\"q\"" and body["name"] == "naïve 漢字 run"
+
+
 def test_the_lease_holds_the_evaluation_where_the_job_evaluates(env: Env) -> None:
     """An evaluation after training runs alone on the job's first card: the lease is the larger of
     the training's peak and the evaluation's. One during training (eval.when: steps) runs beside
