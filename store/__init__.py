@@ -1,5 +1,4 @@
-"""The shared database package: models, the job state machine, sessions. Imports no web or torch code."""
+"""The shared database package: models, the job state machine, sessions. Imports no web or torch code.
 
-from store.states import FailureKind, IllegalTransition, JobStatus, transition
-
-__all__ = ["FailureKind", "IllegalTransition", "JobStatus", "transition"]
+The package itself imports nothing, so a client can read the lifecycle (``store.status``) without
+loading SQLAlchemy."""

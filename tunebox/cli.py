@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from store.status import TERMINAL
 from tunebox.client import ApiProblem, Client, ClientError
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
 GiB = 2**30
 
 
