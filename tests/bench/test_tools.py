@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import planner
@@ -19,6 +21,28 @@ def test_eval_memory_compares_against_the_plans_eval_section_for_the_same_job() 
     direct = planner.plan(spec).eval
     assert figures["total_bytes"] == direct.total_bytes and figures["logits_bytes"] == direct.logits_bytes
     assert set(figures) >= {"weights_bytes", "kv_cache_bytes", "logits_bytes", "total_bytes"}
+
+
+TINY_QWEN = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+             "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
+             "tie_word_embeddings": True}
+
+
+@pytest.mark.slow
+def test_eval_memory_runs_the_evaluators_own_steps_on_a_saved_checkpoint(tmp_path: Path) -> None:
+    """On the CPU: the model is saved and loaded back as a checkpoint, the split read, the loss and
+    the answers computed by worker.evaluate's own functions (no allocator figures here)."""
+    rec = eval_memory.measure("tiny", 2, 64, 8, tmp_path, config=TINY_QWEN)
+    assert rec["evaluator"] == "worker.evaluate"
+    assert (tmp_path / "job" / "run.json").is_file() and (tmp_path / "job" / "eval_split.jsonl").is_file()
+    assert rec["samples"] == 2 and 0 < rec["generated"] <= 8
+    # one batch of two rows cut to 64 tokens, the prompt's tokens carrying no loss
+    assert 0 < rec["target_tokens"] < 2 * 64
+    assert 3.0 < rec["loss_per_token"] < 9.0  # ~ln(512) for a random model
+    assert list(rec["phases"]) == ["weights", "eval_loss", "generate"]
+    assert rec["nvml_peak_bytes"] is None and rec["planned"]["total_bytes"] > 0
+    assert rec["attn_implementation"] == "sdpa"
 
 
 def test_profile_step_needs_a_configuration_and_reads_each_case() -> None:
