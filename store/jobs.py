@@ -5,15 +5,20 @@ Status changes are not here: they go through ``store.states.transition`` (guarde
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Row, Table, insert, select, update
+from sqlalchemy import Row, Table, insert, or_, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from store.models import Job, JobEvent, User
-from store.status import JobStatus
+from store.models import GpuLease, Job, JobEvent, User
+from store.status import ACTIVE, JobStatus
 
-__all__ = ["attempt_of", "columns", "create", "lock", "set_fields", "status_of", "with_owner"]
+__all__ = ["active_on_host", "active_without_live_lease", "attempt_of", "by_ids", "columns", "create",
+           "exists", "lock", "queued_unsent_since", "set_fields", "status_of", "with_owner"]
+
+_ACTIVE = [s.value for s in ACTIVE]
 
 
 _JOBS, _JOB_EVENTS = cast(Table, Job.__table__), cast(Table, JobEvent.__table__)
@@ -72,3 +77,32 @@ def set_fields(session: Session, job_id: str, *, attempt: int | None = None, **v
         query = query.where(Job.attempt == attempt)
     result = session.execute(query.values(**values).execution_options(synchronize_session=False))
     return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+def exists(session: Session, job_id: str) -> bool:
+    return session.scalar(select(Job.id).where(Job.id == job_id)) is not None
+
+
+def by_ids(session: Session, job_ids: Iterable[str]) -> dict[str, Job]:
+    """The jobs of these ids that exist, by id."""
+    return {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(set(job_ids))))}
+
+
+def active_without_live_lease(session: Session, now: datetime) -> list[str]:
+    """Jobs that hold (or are about to hold) GPUs while no lease of theirs is live."""
+    live = select(GpuLease.job_id).where(GpuLease.expires_at > now)
+    return list(session.scalars(select(Job.id).where(Job.status.in_(_ACTIVE), Job.id.not_in(live))))
+
+
+def active_on_host(session: Session, host: str) -> list[Row[Any]]:
+    """(id, worker_pid, updated_at) of the active jobs a worker on ``host`` runs."""
+    return list(session.execute(select(Job.id, Job.worker_pid, Job.updated_at).where(
+        Job.status.in_(_ACTIVE), Job.worker_host == host)))
+
+
+def queued_unsent_since(session: Session, cutoff: datetime) -> list[str]:
+    """Queued jobs whose message was last sent (or, never checked, the job created) before ``cutoff``."""
+    return list(session.scalars(select(Job.id).where(
+        Job.status == JobStatus.QUEUED,
+        or_(Job.dispatch_checked_at < cutoff,
+            Job.dispatch_checked_at.is_(None) & (Job.created_at < cutoff)))))

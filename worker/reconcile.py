@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import delete, func, select
 
 from store import jobs
 from store.base import utcnow
@@ -72,13 +72,9 @@ def reconcile_once(settings: Settings) -> Report:
 
 
 def _lost_job_ids(url: str, host: str) -> list[str]:
-    now = utcnow()
     with session_scope(url) as s:
-        live = select(GpuLease.job_id).where(GpuLease.expires_at > now)
-        no_live_lease = s.scalars(select(Job.id).where(Job.status.in_([x.value for x in ACTIVE]),
-                                                       Job.id.not_in(live))).all()
-        here = s.execute(select(Job.id, Job.worker_pid, Job.updated_at).where(
-            Job.status.in_([x.value for x in ACTIVE]), Job.worker_host == host)).all()
+        no_live_lease = jobs.active_without_live_lease(s, utcnow())
+        here = jobs.active_on_host(s, host)
     dead_here = [job_id for job_id, pid, updated in here if not worker_alive(pid, updated)]
     return sorted(set(no_live_lease) | set(dead_here))
 
@@ -191,7 +187,7 @@ def _kill_orphans(url: str, host: str, settings: Settings, report: Report) -> No
     if not groups:
         return
     with session_scope(url) as s:
-        rows = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_({g.job_id for g in groups})))}
+        rows = jobs.by_ids(s, (g.job_id for g in groups))
         orphans = [g for g in groups if _is_orphan(g, rows.get(g.job_id), host)]
     for group in orphans:
         log.warning("killing orphaned process group %s of job %s", group.pgid, group.job_id)
@@ -210,7 +206,7 @@ def _is_orphan(group: OwnedGroup, job: Job | None, host: str) -> bool:
 
 def _event(url: str, job_id: str, message: str) -> None:
     with session_scope(url) as s:
-        if s.get(Job, job_id) is not None:
+        if jobs.exists(s, job_id):
             s.add(JobEvent(job_id=job_id, kind="reconcile", actor=ACTOR, message=message))
 
 
@@ -220,10 +216,7 @@ def _event(url: str, job_id: str, message: str) -> None:
 def _resend_lost_messages(url: str, settings: Settings, report: Report) -> None:
     cutoff = utcnow() - timedelta(seconds=settings.requeue_after_s)
     with session_scope(url) as s:
-        stale = s.scalars(select(Job.id).where(
-            Job.status == JobStatus.QUEUED,
-            or_(Job.dispatch_checked_at < cutoff,
-                (Job.dispatch_checked_at.is_(None)) & (Job.created_at < cutoff)))).all()
+        stale = jobs.queued_unsent_since(s, cutoff)
     if not stale:
         return
     on_broker = broker_messages(settings)
