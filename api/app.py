@@ -9,7 +9,6 @@ from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth.service import TokenCache
@@ -31,7 +30,7 @@ from api.ops.router import router as ops_router
 from api.plans.router import router as plans_router
 from api.ratelimit import TokenBuckets
 from api.workers import WorkerWatch
-from store.models import Job
+from store import jobs
 from tunebox.gpus import box_host_clock
 from tunebox.settings import Settings, get_settings
 
@@ -40,8 +39,7 @@ TOKEN_CACHE_TTL_S = 5.0
 
 def _job_counts(sessions: sessionmaker[Session]) -> dict[str, int]:
     with sessions() as session:
-        rows = session.execute(select(Job.status, func.count()).group_by(Job.status))
-        return {str(status): int(n) for status, n in rows}
+        return jobs.count_by_status(session)
 
 
 def create_app(

@@ -9,14 +9,15 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Row, Table, insert, or_, select, update
+from sqlalchemy import Row, Table, func, insert, or_, select, update
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from store.models import GpuLease, Job, JobEvent, User
 from store.status import ACTIVE, JobStatus
 
-__all__ = ["active_on_host", "active_without_live_lease", "attempt_of", "by_ids", "columns", "create",
-           "exists", "lock", "queued_unsent_since", "set_fields", "status_of", "with_owner"]
+__all__ = ["active_on_host", "active_without_live_lease", "attempt_of", "by_ids", "columns",
+           "count_by_status", "create", "exists", "latest_succeeded_on", "lock", "queued_unsent_since",
+           "set_fields", "status_of", "succeeded_hosts", "using_dataset", "with_owner"]
 
 _ACTIVE = [s.value for s in ACTIVE]
 
@@ -106,3 +107,30 @@ def queued_unsent_since(session: Session, cutoff: datetime) -> list[str]:
         Job.status == JobStatus.QUEUED,
         or_(Job.dispatch_checked_at < cutoff,
             Job.dispatch_checked_at.is_(None) & (Job.created_at < cutoff)))))
+
+
+def count_by_status(session: Session) -> dict[str, int]:
+    return {str(status): int(n) for status, n in session.execute(
+        select(Job.status, func.count()).group_by(Job.status))}
+
+
+def succeeded_hosts(session: Session, host: str | None = None) -> list[str]:
+    """The hosts whose workers finished a job successfully (``host`` alone, if it did)."""
+    query = select(Job.worker_host).where(Job.status == JobStatus.SUCCEEDED, Job.worker_host.is_not(None))
+    if host is not None:
+        query = query.where(Job.worker_host == host)
+    return sorted({h for h in session.scalars(query.distinct()) if h})
+
+
+def latest_succeeded_on(session: Session, host: str, limit: int) -> list[Job]:
+    """The ``limit`` jobs a worker on ``host`` finished successfully last, newest first."""
+    return list(session.scalars(select(Job).where(Job.status == JobStatus.SUCCEEDED, Job.worker_host == host)
+                                .order_by(Job.finished_at.desc()).limit(limit)))
+
+
+def using_dataset(session: Session, dataset_id: str) -> tuple[str, bool] | None:
+    """(the newest job that trains or evaluates on the dataset, whether it trains on it), or None."""
+    row = session.execute(select(Job.id, Job.dataset_id == dataset_id)
+                          .where(or_(Job.dataset_id == dataset_id, Job.eval_dataset_id == dataset_id))
+                          .order_by(Job.id.desc()).limit(1)).first()
+    return (row[0], bool(row[1])) if row is not None else None

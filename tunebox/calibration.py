@@ -13,10 +13,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
-from sqlalchemy import select
 
+from store import jobs
 from store.models import Job
-from store.states import JobStatus
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -116,21 +115,9 @@ def calibration(session: Session, host: str | None = None) -> CalibrationReport:
     """Every box's (or ``host``'s) latest succeeded jobs, planned against measured."""
     from tunebox.gpus import learned_corrections
 
-    hosts_query = select(Job.worker_host).where(
-        Job.status == JobStatus.SUCCEEDED, Job.worker_host.is_not(None)
-    )
-    if host is not None:
-        hosts_query = hosts_query.where(Job.worker_host == host)
-    hosts = sorted({h for h in session.scalars(hosts_query.distinct()) if h})
     boxes = []
-    for box in hosts:
-        rows = session.scalars(
-            select(Job)
-            .where(Job.status == JobStatus.SUCCEEDED, Job.worker_host == box)
-            .order_by(Job.finished_at.desc())
-            .limit(JOBS_PER_BOX)
-        ).all()
-        history = [_job(r) for r in rows]
+    for box in jobs.succeeded_hosts(session, host):
+        history = [_job(r) for r in jobs.latest_succeeded_on(session, box, JOBS_PER_BOX)]
         learned = learned_corrections(session, box)
         boxes.append(
             BoxCalibration(

@@ -7,7 +7,6 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
-from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -21,6 +20,7 @@ from api.errors import InvalidInput
 from api.openai import service
 from api.openai.errors import OpenAIError, OpenAIRoute
 from api.openai.schemas import FILE_FORMAT
+from store import jobs
 from store.ids import new_id
 from store.models import Dataset, Job
 from tunebox.settings import Settings
@@ -172,11 +172,7 @@ def delete_file(
     row = owned_dataset(session, settings, user, file_id)
     if row.owner_id != user.user_id and not user.is_admin:
         raise OpenAIError(403, f"only the owner of {file_id} or an admin may delete it", param="id")
-    used = session.execute(
-        select(Job.id, Job.dataset_id == file_id)
-        .where(or_(Job.dataset_id == file_id, Job.eval_dataset_id == file_id))
-        .order_by(Job.id.desc()).limit(1)
-    ).first()
+    used = jobs.using_dataset(session, file_id)
     if used is not None:
         role = "training" if used[1] else "validation"
         raise OpenAIError(
