@@ -67,26 +67,20 @@ def job_folder(config: dict[str, Any], batch: int, seq: int, new: int, work: Pat
     """(the checkpoint, the job folder) the evaluator is given: a full model saved as a real one is
     (``bench.measure.model_folder``, in a child), and the run.json and eval split of a job that
     evaluates ``batch`` rows at ``seq`` tokens with ``new`` generated tokens."""
-    from bench.measure import case_dataset, model_folder
+    from bench.measure import case_dataset, model_folder, write_run
     from planner import plan
     from tunebox.datasets import load_records
     from worker._trainlib.data import write_eval_split
-    from worker._trainlib.runfile import write_json_atomic
 
     built = model_folder(config, work, limit_s=1800)
     if built.path is None:
         raise RuntimeError(built.error)
     data = case_dataset(work)
     spec = _spec(config, batch, seq, new)
-    spec.update(model={"path": str(built.path)}, dataset={"path": str(data)})
     job = work / "job"
-    job.mkdir(parents=True, exist_ok=True)
+    write_run(job, "eval-memory", spec, built.path, data, plan(spec), {}, "cuda", None)
     fmt, rows = load_records(data)
     write_eval_split(job / "eval_split.jsonl", rows[:batch], fmt)
-    write_json_atomic(job / "run.json", {
-        "job_id": "eval-memory", "spec": spec, "model_path": str(built.path), "dataset_path": str(data),
-        "eval_dataset_path": "", "resolved": plan(spec).resolved.model_dump(), "deepspeed_config": {},
-        "device": "cuda", "gpu_memory_limit_bytes": None})
     return built.path, job
 
 

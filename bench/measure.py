@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as a script: make ``bench`` and ``planner`` importable
     sys.path.insert(0, str(REPO))
 
-from bench.cases import HOST_MEMORY_PER_GPU_BYTES, MATRICES, Case, hf_config  # noqa: E402
+from bench.cases import HOST_MEMORY_PER_GPU_BYTES, MATRICES, Case  # noqa: E402
 
 # NVLink multicast must stay off on the shared multi-GPU hosts; children get these whatever the
 # caller's environment says.
@@ -112,10 +112,12 @@ def model_folder(config: dict[str, Any], work: Path, limit_s: float) -> ModelFol
     it loads a job's model; kept for the cases after it."""
     import hashlib
 
+    from bench.service_gpu import is_saved_model
+
     key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
     root = work / "models"
     dest = root / key
-    if (dest / "config.json").exists() and any(dest.glob("*.safetensors")):
+    if is_saved_model(dest):
         os.utime(dest)
         return ModelFolder(dest)
     kept = sorted((p for p in root.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime) \
@@ -144,25 +146,27 @@ def case_dataset(work: Path) -> Path:
     return path
 
 
-def write_run(job_dir: Path, case: Case, model: Path, data: Path, plan: Any, ds_config: dict[str, Any],
-              device: str, gpu_limit: int | None, steps: int) -> None:
-    """The case's run.json, as the worker writes a job's from its stored spec and plan
-    (``worker.launcher.build_run_file``): the spec names the model folder and the data, and trains
-    for the steps the harness takes."""
+def write_run(job_dir: Path, job_id: str, spec: dict[str, Any], model: Path, data: Path, plan: Any,
+              ds_config: dict[str, Any], device: str, gpu_limit: int | None) -> None:
+    """A run.json as the worker writes a job's from its stored spec and plan
+    (``worker.launcher.build_run_file``), the spec naming the model folder and the data."""
     from worker._trainlib.runfile import write_json_atomic
 
+    spec = {**spec, "model": {"path": str(model)}, "dataset": {"path": str(data)}}
+    job_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(job_dir / "run.json", {
+        "job_id": job_id, "spec": spec, "model_path": str(model), "dataset_path": str(data),
+        "eval_dataset_path": "", "resolved": plan.resolved.model_dump(), "deepspeed_config": ds_config,
+        "device": device, "gpu_memory_limit_bytes": gpu_limit})
+
+
+def _case_spec(case: Case, steps: int) -> dict[str, Any]:
+    """The case's spec as its job trains it: for the steps the harness takes, no evaluation."""
     spec = json.loads(json.dumps(case.spec))
-    spec["model"] = {"path": str(model)}
-    spec["dataset"] = {"path": str(data)}
     spec["training"]["max_steps"] = steps
     spec["training"].pop("epochs", None)
     spec["eval"] = {"when": "none"}
-    job_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(job_dir / "run.json", {
-        "job_id": re.sub(r"[^A-Za-z0-9.=+-]+", "_", case.name)[:120], "spec": spec,
-        "model_path": str(model), "dataset_path": str(data), "eval_dataset_path": "",
-        "resolved": plan.resolved.model_dump(), "deepspeed_config": ds_config, "device": device,
-        "gpu_memory_limit_bytes": gpu_limit})
+    return spec
 
 
 # --------------------------------------------------------------------------- parent: discovery
@@ -535,8 +539,8 @@ def run_case(case: Case, env: dict[str, Any], gpus: Gpus, work: Path, limit_s: f
         record.update(status=status, error=error, wall_seconds=round(time.monotonic() - t0, 3))
         return record
     job_dir = case_dir / "job"
-    write_run(job_dir, case, model.path, case_dataset(work), planned, ds_config,
-              "cuda" if gpus.handles else "cpu", gpu_limit, warmup_steps + case.measured_steps + phase_steps)
+    write_run(job_dir, slug, _case_spec(case, warmup_steps + case.measured_steps + phase_steps), model.path,
+              case_dataset(work), planned, ds_config, "cuda" if gpus.handles else "cpu", gpu_limit)
     case_file = case_dir / "case.json"
     case_file.write_text(json.dumps({"name": case.name, "job_dir": str(job_dir), "warmup_steps": warmup_steps,
                                      "measured_steps": case.measured_steps, "phase_steps": phase_steps}))
@@ -897,19 +901,11 @@ def build_model_main(config_file: Path, dest: Path) -> int:
     """A random-init model of the config in ``config_file`` with the bench's tokenizer, saved in
     bf16 to ``dest`` (built on the GPU where there is one)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from bench.service_gpu import build_tokenizer
+    from bench.service_gpu import save_random_model
 
-    dest.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(dest)
-    raw = json.loads(config_file.read_text())
-    raw.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id, torch_dtype="bfloat16")
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = AutoModelForCausalLM.from_config(hf_config(raw), dtype=torch.bfloat16)
-    model.save_pretrained(dest)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    save_random_model(json.loads(config_file.read_text()), dest, device)
     return 0
 
 

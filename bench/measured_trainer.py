@@ -116,14 +116,13 @@ class MeasuredTrainer(Trainer):
 
     def _micro_steps(self, after: Callable[[str, int], None]) -> dict[str, Any]:
         """One optimizer step of the trainer; ``after(phase, micro_step)`` as each phase is issued."""
-        counter = iter(range(10**9))
-        current = next(counter)
+        current = 0
 
         def on_phase(phase: str) -> None:
             nonlocal current
             after(phase, current)
             if phase == "step":
-                current = next(counter)
+                current += 1
             # a mark names the phase it begins (the forward's includes building its micro-batch)
             self.mark(f"{_NEXT[phase]} {self.step}.{current}")
 

@@ -76,22 +76,31 @@ def stop_serve(proc: Any, timeout: float = 60) -> None:
 
 
 def build_model(name: str, dest: Path, device: str) -> Path:
-    """A random-init model of ``name``'s published architecture, saved in bf16 like a real one
-    (kept where an earlier run on this machine saved it)."""
-    if (dest / "config.json").exists() and any(dest.glob("*.safetensors")):
+    """A random-init model of ``name``'s published architecture (a tiny one on the CPU), saved in
+    bf16 like a real one (kept where an earlier run on this machine saved it)."""
+    return save_random_model(dict(TINY if device == "cpu" else MODELS[name]), dest, device)
+
+
+def is_saved_model(dest: Path) -> bool:
+    return (dest / "config.json").exists() and any(dest.glob("*.safetensors"))
+
+
+def save_random_model(config: dict[str, Any], dest: Path, device: str) -> Path:
+    """A random-init model of ``config`` built on ``device`` with the bench's tokenizer, saved in bf16
+    to ``dest`` (kept where an earlier run on this machine saved it)."""
+    if is_saved_model(dest):
         return dest
     import torch
     from transformers import AutoModelForCausalLM
 
     dest.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(dest)
-    raw = dict(TINY if device == "cpu" else MODELS[name])
+    raw = dict(config)
     raw.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                pad_token_id=tokenizer.pad_token_id, torch_dtype="bfloat16")
-    config = hf_config(raw)
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(hf_config(raw), dtype=torch.bfloat16)
     model.save_pretrained(dest)
     del model
     torch.cuda.empty_cache()

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Row, Select, bindparam, func, select
+from sqlalchemy import Row, Select, Text, bindparam, cast, func, select
 from sqlalchemy.orm import Session, defer
 
 from api.auth.access import may_read, may_use_dataset, sees_everything
@@ -111,16 +111,21 @@ def job_summary(job: Job, owner: str, *, details: bool = True) -> JobSummary:
     return JobSummary(**fields)
 
 
+def _read_fields(job: Job | Row[Any], owner: str) -> dict[str, Any]:
+    return dict(**_summary_fields(job, owner), spec=job.spec, plan=job.plan, dataset_id=job.dataset_id,
+                attempt=job.attempt, worker_host=job.worker_host, gpu_indices=job.gpu_indices,
+                cancel_requested_at=job.cancel_requested_at, eval_status=job.eval_status,
+                eval_result=job.eval_result, log_tail=job.log_tail, data_report=job.data_report)
+
+
 def job_read(job: Job | Row[Any], owner: str) -> JobRead:
     """``job`` is a Job, or a Core row of the jobs table's columns (the same names)."""
-    return JobRead(**_summary_fields(job, owner), spec=job.spec, plan=job.plan, dataset_id=job.dataset_id,
-                   attempt=job.attempt, worker_host=job.worker_host, gpu_indices=job.gpu_indices,
-                   cancel_requested_at=job.cancel_requested_at, eval_status=job.eval_status,
-                   eval_result=job.eval_result, log_tail=job.log_tail, data_report=job.data_report)
+    return JobRead(**_read_fields(job, owner))
 
 
-#: the JSON columns of a job that ``job_read_json`` passes through as stored
-RAW_JSON_FIELDS = ("spec", "plan", "eval_result", "data_report")
+#: the JSON columns of a job that ``job_read_json`` passes through as stored, and what stands in
+#: for each while the other fields are validated and written
+RAW_JSON_FIELDS: dict[str, Any] = {"spec": {}, "plan": {}, "eval_result": None, "data_report": None}
 #: columns of the jobs table no JobRead shows
 _UNREAD_COLUMNS = frozenset({"eval_dataset_id", "celery_task_id", "worker_pid", "process_group", "job_dir",
                              "openai_request", "dispatch_checked_at"})
@@ -129,8 +134,6 @@ _UNREAD_COLUMNS = frozenset({"eval_dataset_id", "celery_task_id", "worker_pid", 
 def job_read_columns() -> list[Any]:
     """What ``job_read_json`` reads of a job: the columns JobRead shows, its JSON ones as their
     stored text."""
-    from sqlalchemy import Text, cast
-
     return [cast(c, Text).label(c.name) if c.name in RAW_JSON_FIELDS else c
             for c in Job.__table__.c if c.name not in _UNREAD_COLUMNS]
 
@@ -139,10 +142,7 @@ def job_read_json(row: Row[Any], owner: str) -> bytes:
     """``job_read``'s JSON for a row of ``job_read_columns``: the JSON columns go into the body as the
     database holds them instead of being parsed, validated and written again (most of what a read
     of a job cost)."""
-    head = JobRead(**_summary_fields(row, owner), spec={}, plan={}, dataset_id=row.dataset_id,
-                   attempt=row.attempt, worker_host=row.worker_host, gpu_indices=row.gpu_indices,
-                   cancel_requested_at=row.cancel_requested_at, eval_status=row.eval_status,
-                   eval_result=None, log_tail=row.log_tail, data_report=None)
+    head = JobRead(**{**_read_fields(row, owner), **RAW_JSON_FIELDS})
     parts = [head.model_dump_json(exclude=set(RAW_JSON_FIELDS)).encode()[:-1]]
     for name in RAW_JSON_FIELDS:
         text = getattr(row, name)
