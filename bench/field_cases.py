@@ -482,7 +482,7 @@ def _result(client: httpx.Client, jid: str, data_dir: Path) -> dict[str, Any]:
 
 
 def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps: int,
-              timeout: float) -> dict[str, Any]:
+              timeout: float, wait_probe: float = 0.0) -> dict[str, Any]:
     limit_gib, jobs = PHASES[name]
     data_dir = work / f"tunebox-{name}"
     env = dict(os.environ)
@@ -508,6 +508,7 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
     started = time.monotonic()
     try:
         wait_ready(client, serve, 120, work / f"serve-{name}.log")
+        out["probe_wait_seconds"] = wait_for_probe(client, wait_probe)
         out["gpus"] = client.get("/v1/gpus").json()
         ids: dict[str, str] = {}
         for spec in jobs:
@@ -549,6 +550,17 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
         out["seconds"] = round(time.monotonic() - started, 1)
         stop_serve(serve)
     return out
+
+
+def wait_for_probe(client: httpx.Client, seconds: float) -> float | None:
+    """Until the worker's start-up probe of this box is stored (ok or failed), so that the phase's
+    first job is planned with the probed figures; the seconds waited, None if it never came."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        if client.get("/v1/gpus").json().get("boxes"):
+            return round(time.monotonic() - started, 1)
+        time.sleep(2)
+    return None if seconds > 0 else 0.0
 
 
 def box_hardware() -> dict[str, Any]:
@@ -606,6 +618,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/tunebox-field-cases"))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=300, help="seconds a phase waits for its jobs")
+    ap.add_argument("--wait-probe", type=float, default=0.0, metavar="SECONDS",
+                    help="before a phase's first job, wait up to this long for the box probe of its worker")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--render", type=Path, nargs="+", metavar="REPORT",
                     help="print the markdown table of these reports against today's planner")
@@ -634,7 +648,8 @@ def main() -> int:
     report: dict[str, Any] = {"hardware": box_hardware(), "setup_seconds": round(time.monotonic() - t0, 1),
                               "steps": args.steps, "phases": {}}
     for phase in args.phase:
-        report["phases"][phase] = run_phase(phase, models, data, args.work, args.steps, args.timeout)
+        report["phases"][phase] = run_phase(phase, models, data, args.work, args.steps, args.timeout,
+                                            args.wait_probe)
         args.out.write_text(json.dumps(report, indent=1, default=str))  # kept if a later phase is cut off
         for n, r in report["phases"][phase]["jobs"].items():
             print(phase, n, r.get("status") or r.get("submit_status"), "planned",
