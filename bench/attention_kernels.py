@@ -13,6 +13,12 @@ takes with the mask than the causal FLOPs at the causal kernel's rate.
 
     python3 -m bench.attention_kernels --out attention-kernels.json [--model llama-3.1-8b ...]
         [--seq 2048 4096 8192] [--batch 1 2]
+    python3 -m bench.attention_kernels --fit REPORT --matmul-tflops 783.13
+
+``--fit`` reads a report's masked calls as the planner counts them (``fit``): each layer's call,
+forward and backward, takes a fixed time plus its causal FLOPs (three times the forward's) at a rate
+that depends on the head dimension; the forward alone is a share of that. It prints the planner's
+``MASKED_ATTENTION_*`` constants, the rates as fractions of the card's bf16 matmul rate.
 """
 
 from __future__ import annotations
@@ -118,9 +124,48 @@ def measure(model: str, shape: tuple[int, int, int], batch: int, seq: int, examp
     return row
 
 
+def causal_forward_flops(row: dict[str, Any]) -> float:
+    """The causal FLOPs of one call's forward, as the planner counts them (QK^T and AV over the
+    lower half of the square)."""
+    return 2.0 * row["batch"] * row["heads"] * row["seq"] ** 2 * row["head_dim"]
+
+
+#: head dimensions the planner keeps a masked rate for: up to 128 (most families) and above (Gemma)
+HEAD_DIM_BANDS = (128, 256)
+
+
+def head_dim_band(head_dim: int) -> int:
+    return HEAD_DIM_BANDS[0] if head_dim <= HEAD_DIM_BANDS[0] else HEAD_DIM_BANDS[1]
+
+
+def fit(rows: list[dict[str, Any]], matmul_tflops: float) -> dict[str, float]:
+    """The masked call's constants from a report's rows: ``masked_train_s = call + 3 F / rate``
+    (F: the causal forward FLOPs; one rate per head-dimension band, one call time), least squares on
+    the relative error; the forward's share of the call is the median over the rows."""
+    import numpy as np
+
+    bands = sorted({head_dim_band(r["head_dim"]) for r in rows})
+    design = np.array([[3 * causal_forward_flops(r) if head_dim_band(r["head_dim"]) == b else 0.0
+                        for b in bands] + [1.0] for r in rows])
+    seconds = np.array([r["masked_train_s"] for r in rows])
+    coef = np.linalg.lstsq(design / seconds[:, None], np.ones(len(rows)), rcond=None)[0]
+    out = {f"rate_fraction_{b}": float(1 / coef[i] / (matmul_tflops * 1e12)) for i, b in enumerate(bands)}
+    out["call_seconds"] = float(coef[-1])
+    out["forward_share"] = statistics.median(r["masked_forward_s"] / r["masked_train_s"] for r in rows)
+    return out
+
+
+def masked_seconds(row: dict[str, Any], constants: dict[str, float], matmul_tflops: float) -> float:
+    """One call's forward and backward as ``fit``'s model has it."""
+    rate = constants[f"rate_fraction_{head_dim_band(row['head_dim'])}"] * matmul_tflops * 1e12
+    return constants["call_seconds"] + 3 * causal_forward_flops(row) / rate
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--fit", type=Path, metavar="REPORT", help="print the planner's constants from a report")
+    ap.add_argument("--matmul-tflops", type=float, help="the card's bf16 matmul rate (with --fit)")
     ap.add_argument("--model", nargs="+", default=DEFAULT_MODELS, choices=sorted(MODELS))
     ap.add_argument("--seq", type=int, nargs="+", default=[2048, 4096, 8192])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 2])
@@ -128,6 +173,18 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = ap.parse_args()
+    if args.fit:
+        if not args.matmul_tflops:
+            ap.error("--fit needs --matmul-tflops")
+        rows = json.loads(args.fit.read_text())["rows"]
+        constants = fit(rows, args.matmul_tflops)
+        print(json.dumps(constants, indent=1))
+        for r in rows:
+            err = masked_seconds(r, constants, args.matmul_tflops) / r["masked_train_s"] - 1
+            print(r["model"], r["batch"], r["seq"], f"{err:+.1%}")
+        return 0
+    if not args.out:
+        ap.error("--out is needed")
     import torch
 
     rows = [measure(m, shape, b, s, args.examples, args.repeats, args.device)

@@ -5,6 +5,11 @@ lookup not) plus causal attention, 2·seq·q_dim per layer; backward costs twice
 fine-tuning and once for frozen weights (LoRA computes input gradients only); recomputation under
 gradient checkpointing adds one more forward.
 
+Rows that carry an attention mask (packed sequences, padding) under SDPA run its memory-efficient
+kernel on k/v repeated to every head, which computes the whole square and gets through the causal
+FLOPs at a fraction of the matmuls' rate: their attention is timed apart, at that kernel's measured
+rate and fixed cost per call (``bench/attention_kernels.py``), and stays out of the MFU-timed FLOPs.
+
 A micro-step takes two clocks: the GPU's (FLOPs at the GPU's rate × MFU) and the host's (a cost
 per operation the decoder layers dispatch, ``planner/ops.py``: Python, autograd and the kernel
 launch; ZeRO-3's fetch/release hooks per module, plus the all-gather/reduce-scatter
@@ -109,6 +114,7 @@ class StepTerms:
 
     accumulation: int
     gpu_seconds_at_full_rate: float  # one micro-step's FLOPs at 100% of the GPU's rate
+    masked_attention_seconds: float  # its masked SDPA calls at their kernel's measured rate (0: causal)
     layer_ops: int  # operations the decoder layers dispatch in one micro-step (planner/ops.py)
     quantized_forwards: int  # 4-bit linears' forward calls in one micro-step (QLoRA; 0 otherwise)
     quantized_backwards: int  # and their backward calls
@@ -156,14 +162,37 @@ def _mfu_scale(facts: ModelFacts, s: Setup) -> float:
     return dim / (dim + C.MATMUL_HALF_EFFICIENCY_DIM) if dim > 0 else 1.0
 
 
+def _masked_attention(s: Setup) -> bool:
+    return s.attention_mask and s.attn_implementation == "sdpa"
+
+
+def _masked_attention_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> float:
+    """GPU time of one micro-step's masked SDPA calls: per layer a fixed cost plus the causal FLOPs of
+    forward and backward (three forwards') at the kernel's rate, and the forward again under
+    checkpointing."""
+    if not _masked_attention(s):
+        return 0.0
+    arch = facts.arch
+    fraction = C.MASKED_ATTENTION_RATE if arch.head_dim <= 128 else C.MASKED_ATTENTION_RATE_WIDE_HEADS
+    forward = 2.0 * s.seq_len * arch.q_dim * s.tokens_per_micro_batch  # one layer's causal FLOPs
+    call = C.MASKED_ATTENTION_CALL_SECONDS + 3 * forward / (fraction * rates.flops)
+    recompute = 1 + (C.MASKED_ATTENTION_FORWARD_SHARE if s.gradient_checkpointing else 0.0)
+    return arch.num_layers * call * recompute
+
+
 def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, float]:
-    """(seconds at 100% of the rate, FLOPs) of one micro-step."""
+    """(seconds at 100% of the rate, FLOPs) of one micro-step; masked attention's FLOPs are counted
+    but not timed here (``_masked_attention_seconds``)."""
     fwd, bwd = _flops_per_token(facts, s)
-    flops = (fwd * (2 if s.gradient_checkpointing else 1) + bwd) * s.tokens_per_micro_batch
+    forwards = 2 if s.gradient_checkpointing else 1
+    flops = (fwd * forwards + bwd) * s.tokens_per_micro_batch
     if s.loss_chunk_tokens is not None:
         # each chunk of the loss is checkpointed: the backward runs the LM head's forward again
         flops += 2.0 * facts.arch.vocab_size * facts.arch.hidden_size * s.tokens_per_micro_batch
     timed = flops
+    if _masked_attention(s):
+        arch = facts.arch
+        timed -= 2.0 * s.seq_len * arch.q_dim * arch.num_layers * (forwards + 2) * s.tokens_per_micro_batch
     if s.method == "qlora":
         # the decoder layers' 4-bit weights: every forward and the input's gradient multiply by a
         # freshly dequantized copy, more slowly than by a stored bf16 weight
@@ -275,6 +304,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     return StepTerms(
         accumulation=s.gradient_accumulation_steps,
         gpu_seconds_at_full_rate=gpu,
+        masked_attention_seconds=_masked_attention_seconds(facts, s, rates),
         layer_ops=facts.arch.num_layers * ops.per_micro_step(s.gradient_checkpointing),
         quantized_forwards=quantized * (s.passes - 1),
         quantized_backwards=quantized,
@@ -324,7 +354,7 @@ def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
         + t.quantized_backwards * k.qlora_backward_s
     )
     q = k.clock_overlap_zero12 if t.zero12 else k.clock_overlap
-    compute = overlapped(q, t.gpu_seconds_at_full_rate / k.mfu, host)
+    compute = overlapped(q, t.gpu_seconds_at_full_rate / k.mfu + t.masked_attention_seconds, host)
     cpu_rate = (
         k.cpu_optimizer_s_per_param_zero3 if t.cpu_optimizer_zero3 else k.cpu_optimizer_s_per_param_zero12
     )

@@ -76,6 +76,23 @@ def test_the_qlora_constants_are_what_the_kernel_records_measured() -> None:
     assert abs(constants.QLORA_MATMUL_SLOWDOWN / statistics.median(gpu_bound) - 1) < 0.01
 
 
+def test_the_masked_attention_constants_are_what_the_kernel_record_fits() -> None:
+    """The masked SDPA call's rates, fixed cost and forward share are ``bench/attention_kernels.py``'s fit of
+    its record, the rates as fractions of the card's matmul rate from the probe check of the same card."""
+    from bench.attention_kernels import fit
+
+    rows = json.loads((RESULTS / CALIBRATION["MASKED_ATTENTION_RATE"].records[0]).read_text())["rows"]
+    probe = json.loads((RESULTS / "probe" / "nvidia-h100-2026-12-06.json").read_text())
+    assert len(rows) == 30
+    fitted = fit(rows, probe["plain"]["matmul_tflops"]["probe"])
+    for name, key in (("MASKED_ATTENTION_RATE", "rate_fraction_128"),
+                      ("MASKED_ATTENTION_RATE_WIDE_HEADS", "rate_fraction_256"),
+                      ("MASKED_ATTENTION_CALL_SECONDS", "call_seconds"),
+                      ("MASKED_ATTENTION_FORWARD_SHARE", "forward_share")):
+        assert abs(getattr(constants, name) / fitted[key] - 1) < 0.005, name
+        assert CALIBRATION[name].records == CALIBRATION["MASKED_ATTENTION_RATE"].records
+
+
 def _structure_jobs(name: str) -> list[tuple[str, dict[str, object], dict[str, object]]]:
     """(ident, job record, box) of each job a structural term names as its evidence."""
     from bench.field_cases import measured_jobs, record_names

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from planner import plan
 from tests.planner.support import job
 
@@ -50,3 +52,34 @@ def test_a_chunked_loss_plans_one_chunk_of_logits_not_the_micro_batchs() -> None
     saved = full.per_gpu.total_bytes - chunked.per_gpu.total_bytes
     assert saved >= full.per_gpu.logits_bytes * 3 // 4
     assert chunked.deepspeed_config == full.deepspeed_config
+
+
+def _masked_and_causal(checkpointing: bool) -> tuple[float, float]:
+    """Step seconds of one 8B LoRA configuration with masked rows (no token counts: packed rows are
+    planned as masked) and with rows that each fill seq_len (the counts show it)."""
+    base = {"model": {"name": "meta-llama/Llama-3.1-8B"}, "method": "lora",
+            "resources": {"num_gpus": 1, "zero_stage": 0, "offload_optimizer": "none", "offload_param": "none"}}
+    training = {**TRAINING, "micro_batch_size": 1, "gradient_accumulation_steps": 1, "seq_len": 8192,
+                "gradient_checkpointing": checkpointing}
+    masked = plan(job(**base, training=training, dataset={"path": "/d.jsonl", "num_rows": 100}))
+    full_rows = plan(job(**base, training=training,
+                         dataset={"path": "/d.jsonl", "num_rows": 100, "num_tokens": 100 * 8192}))
+    return masked.estimated_step_seconds, full_rows.estimated_step_seconds
+
+
+def test_masked_rows_are_timed_at_the_masked_kernels_measured_rate() -> None:
+    """Llama 3.1 8B at 1 x 8192: the masked SDPA call takes its measured fixed cost plus three forwards'
+    causal FLOPs at the measured fraction of the card's rate per layer, in place of the causal
+    FLOPs at the matmuls' MFU; checkpointing adds the call's forward share once more."""
+    from planner import constants as C
+
+    layers, q_dim, seq = 32, 4096, 8192
+    forward = 2.0 * seq * q_dim * seq
+    call = C.MASKED_ATTENTION_CALL_SECONDS + 3 * forward / (C.MASKED_ATTENTION_RATE * C.DEFAULT_GPU_FLOPS)
+    at_mfu = 3 * forward / (C.MFU * C.DEFAULT_GPU_FLOPS)
+    masked, causal = _masked_and_causal(checkpointing=False)
+    # the GPU bounds this step: the difference is the attention's, within what the host clock overlaps
+    assert masked - causal == pytest.approx(layers * (call - at_mfu), rel=0.1)
+    masked_ckpt, causal_ckpt = _masked_and_causal(checkpointing=True)
+    recompute = C.MASKED_ATTENTION_FORWARD_SHARE * call - forward / (C.MFU * C.DEFAULT_GPU_FLOPS)
+    assert (masked_ckpt - causal_ckpt) - (masked - causal) == pytest.approx(layers * recompute, rel=0.1)
