@@ -43,7 +43,8 @@ def test_a_rule_is_needed_by_the_records_it_names(name: str) -> None:
     assert CALIBRATION.constants[name].kind == "count"
     applied = _applied(name)
     assert applied, f"{name}: no record it names is a configuration the rule applies to"
-    needs = [(row.case, without) for row, _, without in applied if without is not None and without < LOWER_BOUND]
+    needs = [(row.case, without) for row, _, without in applied
+             if without is not None and without < LOWER_BOUND]
     assert needs, f"{name}: every record it applies to is within {LOWER_BOUND:+.0%} without it"
     for row, with_rule, _ in applied:
         assert with_rule is not None and with_rule >= LOWER_BOUND, (row.case, with_rule)

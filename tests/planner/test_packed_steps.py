@@ -57,8 +57,8 @@ def test_a_chunked_loss_plans_one_chunk_of_logits_not_the_micro_batchs() -> None
 def _masked_and_causal(checkpointing: bool) -> tuple[float, float]:
     """Step seconds of one 8B LoRA configuration with masked rows (no token counts: packed rows are
     planned as masked) and with rows that each fill seq_len (the counts show it)."""
-    base = {"model": {"name": "meta-llama/Llama-3.1-8B"}, "method": "lora",
-            "resources": {"num_gpus": 1, "zero_stage": 0, "offload_optimizer": "none", "offload_param": "none"}}
+    resources = {"num_gpus": 1, "zero_stage": 0, "offload_optimizer": "none", "offload_param": "none"}
+    base = {"model": {"name": "meta-llama/Llama-3.1-8B"}, "method": "lora", "resources": resources}
     training = {**TRAINING, "micro_batch_size": 1, "gradient_accumulation_steps": 1, "seq_len": 8192,
                 "gradient_checkpointing": checkpointing}
     masked = plan(job(**base, training=training, dataset={"path": "/d.jsonl", "num_rows": 100}))
