@@ -150,10 +150,36 @@ def build_run_file(session: Session, job: Job, grant: Grant, settings: Settings)
         "eval_dataset_path": _abs(_source_path(session, (job.spec.get("eval") or {}).get("dataset"),
                                                job.eval_dataset_id)),
         "resolved": {k: resolved.get(k) for k in RESOLVED_KEYS},
-        "deepspeed_config": plan.get("deepspeed_config") or {},
+        "deepspeed_config": with_job_swap(plan.get("deepspeed_config") or {}, job.id),
         "device": device_of(grant),
         "gpu_memory_limit_bytes": gpu_memory_limit(plan, grant, settings),
     }
+
+
+_OFFLOAD_BLOCKS = ("offload_optimizer", "offload_param")
+
+
+def with_job_swap(ds_config: dict[str, Any], job_id: str) -> dict[str, Any]:
+    """The DeepSpeed config with each NVMe offload's swap folder moved into a folder of the job's own
+    under the plan's ``nvme_path``: two jobs on one box never share swap files, and the worker
+    removes the job's when its run ends (``job_swap_dirs``). A checkpoint carries a copy of the
+    optimizer's swap files, so a resumed run needs none of the old ones."""
+    zero = ds_config.get("zero_optimization")
+    if not isinstance(zero, dict):
+        return ds_config
+    moved = dict(zero)
+    for name in _OFFLOAD_BLOCKS:
+        block = zero.get(name)
+        if isinstance(block, dict) and block.get("device") == "nvme" and block.get("nvme_path"):
+            moved[name] = {**block, "nvme_path": str(Path(block["nvme_path"]) / job_id)}
+    return {**ds_config, "zero_optimization": moved}
+
+
+def job_swap_dirs(ds_config: dict[str, Any]) -> list[Path]:
+    """The NVMe swap folders a run's DeepSpeed config writes into."""
+    zero = ds_config.get("zero_optimization") or {}
+    return sorted({Path(b["nvme_path"]) for b in (zero.get(n) for n in _OFFLOAD_BLOCKS)
+                   if isinstance(b, dict) and b.get("device") == "nvme" and b.get("nvme_path")})
 
 
 def gpu_memory_limit(plan: dict[str, Any], grant: Grant, settings: Settings) -> int | None:

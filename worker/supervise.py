@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 import traceback
@@ -95,6 +96,7 @@ class JobRun:
         self._last = {"renew": 0.0, "status": 0.0, "sample": 0.0}
         self._renewed = time.monotonic()  # the leases were granted just now
         self._db_down_since: float | None = None
+        self._swap_dirs: list[Path] = []
         self.evals = Evaluations(self)
 
     # ------------------------------------------------------------------ the run
@@ -155,6 +157,7 @@ class JobRun:
                 raise RunLost
             run = launcher.build_run_file(s, job, self.grant, self.settings)
         launcher.write_run_file(self.dir, run)
+        self._swap_dirs = launcher.job_swap_dirs(run["deepspeed_config"])
         self._update(job_dir=str(self.dir))
         # earlier runs' lines stay in the files; read only what this run appends
         self._progress = LineTail(self.dir / "progress.jsonl", from_end=True)
@@ -430,6 +433,8 @@ class JobRun:
         except Exception:  # the reconciler kills what is left: the job's processes carry its markers
             log.exception("job %s: stopping its processes failed", self.job_id)
         self.nvml.close()
+        for swap in self._swap_dirs:  # its checkpoints hold what a later run resumes from
+            shutil.rmtree(swap, ignore_errors=True)
         try:
             if self._logs is not None:
                 self._logs.poll(force=True)

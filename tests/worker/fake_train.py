@@ -25,6 +25,20 @@ def emit(job_dir: Path, kind: str, **fields: object) -> None:
         fh.write(json.dumps({"type": kind, **fields, "time": time.time()}) + "\n")
 
 
+def write_swap_files(run: dict, job_dir: Path) -> None:
+    """Swap files where the run's DeepSpeed config puts NVMe offload, as DeepSpeed writes them; their
+    paths go to ``swap.txt`` in the job folder."""
+    zero = run["deepspeed_config"].get("zero_optimization") or {}
+    for name in ("offload_optimizer", "offload_param"):
+        block = zero.get(name) or {}
+        if block.get("device") == "nvme":
+            folder = Path(block["nvme_path"]) / "zero_stage_3" / name / "rank0"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "0.tensor.swp").write_bytes(b"\0" * 4096)
+            with (job_dir / "swap.txt").open("a") as fh:
+                fh.write(f"{folder / '0.tensor.swp'}\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--job-dir", type=Path, required=True)
@@ -41,6 +55,7 @@ def main() -> int:
         (job_dir / "child.pid").write_text(str(child.pid))
     steps = 10_000 if mode in ("long", "stubborn") else int(run["spec"]["training"]["max_steps"])
     emit(job_dir, "start", total_steps=steps, pid=os.getpid())
+    write_swap_files(run, job_dir)
     if mode == "user-error":
         (job_dir / "failure.json").write_text(json.dumps(
             {"kind": "user_error", "reason": "bad_dataset", "message": "row 3: missing field 'output'"}))

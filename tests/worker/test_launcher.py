@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +231,18 @@ def test_a_ranks_orphans_are_reparented_to_the_worker_and_reaped_there(tmp_path)
     probe = json.loads(out.stdout.strip().splitlines()[-1])
     assert probe["orphan_parent"] == probe["me"]
     assert probe["gone"] and probe["group_gone"]
+
+
+def test_nvme_offload_writes_into_a_folder_of_the_jobs_own() -> None:
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": True},
+        "offload_param": {"device": "cpu", "pin_memory": True}}}
+    moved = launcher.with_job_swap(config, "job_1")
+    zero = moved["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "nvme", "nvme_path": "/nvme/job_1", "pin_memory": True}
+    assert zero["offload_param"] == config["zero_optimization"]["offload_param"]
+    assert config["zero_optimization"]["offload_optimizer"]["nvme_path"] == "/nvme"  # the plan's, untouched
+    assert launcher.job_swap_dirs(moved) == [Path("/nvme/job_1")]
+    assert launcher.job_swap_dirs(config | {"zero_optimization": {"stage": 2}}) == []
+    assert launcher.with_job_swap({"train_batch_size": 1}, "job_1") == {"train_batch_size": 1}

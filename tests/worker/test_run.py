@@ -273,3 +273,27 @@ def test_a_job_is_planned_again_only_once_and_only_where_its_card_holds_it(worke
     assert "not planned again: " in job.failure_message and why in job.failure_message
     assert job.attempt == (2 if "always" in name else 1)
     assert _leases(db_url, job_id) == 0
+
+
+@pytest.mark.parametrize("name", ["fake:ok", "fake:user-error"])
+def test_a_jobs_nvme_swap_files_are_its_own_and_go_when_its_run_ends(worker, db_url, tmp_path, name):
+    """NVMe offload writes into a folder of the job's own under the plan's nvme_path, and the worker
+    removes it when the run ends, whatever the outcome; the box's folder stays."""
+    root = tmp_path / "nvme"
+    root.mkdir()
+    plan = job_plan()
+    plan["deepspeed_config"]["zero_optimization"] = {
+        "stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": str(root), "pin_memory": True},
+        "offload_param": {"device": "cpu", "pin_memory": True}}
+    url = worker.settings.resolved_database_url
+    spec = job_spec(name=name, eval={"when": "none"},
+                    training={"max_steps": 2, "epochs": None, "seq_len": 32, "save_steps": 2})
+    with session_scope(url) as s:
+        job_id = make_job(s, make_user(s), spec=spec, plan=plan).id
+    send(worker.settings, job_id)
+    job = wait_status(url, job_id, TERMINAL, timeout=60)
+    assert job.status is (S.SUCCEEDED if name == "fake:ok" else S.FAILED)
+    written = (Path(job.job_dir) / "swap.txt").read_text().split()
+    assert written == [str(root / job_id / "zero_stage_3" / "offload_optimizer" / "rank0" / "0.tensor.swp")]
+    assert wait_for(lambda: not (root / job_id).exists(), 10, "the job's swap folder removed")
+    assert root.is_dir()

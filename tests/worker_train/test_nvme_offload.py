@@ -45,7 +45,9 @@ def test_a_job_with_its_parameters_on_nvme_trains_with_the_plans_swap_config(
                            nvme_bytes=NVME_BYTES)
     job_dir = tmp_path / "job"
     with mock.patch.object(planned, "planned_job", return_value=job):
-        planned.write_planned_run(job_dir, spec, 1, cfg)
+        run = planned.write_planned_run(job_dir, spec, 1, cfg)
+    # the job's swap files go to a folder of its own under the box's
+    assert run["deepspeed_config"]["zero_optimization"]["offload_param"]["nvme_path"] == str(swap / "job_test")
     with mock.patch.dict(os.environ, environment(prefix)):
         # the job builds DeepSpeed's async I/O op and swaps every tensor through it on two cores:
         # 6 min 17 s alone on the 2-core CI box, more beside other work
@@ -56,4 +58,4 @@ def test_a_job_with_its_parameters_on_nvme_trains_with_the_plans_swap_config(
     # DeepSpeed's parameter swapper was built from the plan's block (its async I/O op loaded, its
     # buffers allocated) and made its rank's folder; on the CPU accelerator the parameters stay in
     # memory, so the bytes swapped are measured on the GPU (bench/nvme_offload.py)
-    assert (swap / "zero_stage_3" / "bfloat16params" / "rank0").is_dir()
+    assert (swap / "job_test" / "zero_stage_3" / "bfloat16params" / "rank0").is_dir()
