@@ -463,10 +463,12 @@ def _steps(spec: JobSpec, global_batch: int) -> int | None:
     return max(1, math.ceil(train_rows / global_batch * epochs))
 
 
-def _disk(p: Prepared, s: Setup, steps: int | None, fits: bool) -> tuple[DiskUsage, Note | None]:
-    """The checkpoints' bytes against the free disk of the job folder. A configuration that fits the
-    GPUs but whose checkpoints the disk cannot hold is refused; where the GPUs already refuse it, the
-    disk's shortfall is a warning beside that refusal and its alternatives."""
+def _disk(p: Prepared, s: Setup, steps: int | None, fits: bool, nvme_bytes: int
+          ) -> tuple[DiskUsage, Note | None]:
+    """The checkpoints' bytes, and NVMe offload's swap files where they share its disk, against the
+    free disk of the job folder. A configuration that fits the GPUs but whose checkpoints the disk
+    cannot hold is refused; where the GPUs already refuse it, the disk's shortfall is a warning
+    beside that refusal and its alternatives."""
     t = p.spec.training
     w = 4 if s.precision == "fp32" else 2
     trainable = p.facts.trainable_parameters
@@ -475,16 +477,19 @@ def _disk(p: Prepared, s: Setup, steps: int | None, fits: bool) -> tuple[DiskUsa
     saves = math.ceil(steps / t.save_steps) if steps is not None else None
     limit = t.save_total_limit
     peak = (min(saves, limit + 1) if saves is not None else limit + 1) if limit is not None else saves
-    total = one * (peak if peak is not None else 1)
+    swap = nvme_bytes if p.hardware.nvme_on_job_disk else 0
+    total = one * (peak if peak is not None else 1) + swap
     free = p.hardware.disk_free_bytes
-    usage = DiskUsage(checkpoint_bytes=one, checkpoints_at_peak=peak, total_bytes=total, free_bytes=free,
-                      fits=free is None or total <= free)
+    usage = DiskUsage(checkpoint_bytes=one, checkpoints_at_peak=peak, nvme_swap_bytes=swap, total_bytes=total,
+                      free_bytes=free, fits=free is None or total <= free)
     if usage.fits or free is None:
         return usage, None
     fix = ("a smaller training.save_total_limit, fewer saves (a larger training.save_steps) or free space"
            if (peak or 1) > 1 else "free space on the disk of the job folder")
-    message = (f"the checkpoints need {total / GIB:.1f} GiB on disk ({peak or 1} x {one / GIB:.1f} GiB), the "
-               f"disk of the job folder has {free / GIB:.1f} GiB free: {fix}")
+    swapped = f" and {swap / GIB:.1f} GiB of NVMe swap files on the same disk" if swap else ""
+    message = (f"the checkpoints need {(total - swap) / GIB:.1f} GiB on disk ({peak or 1} x "
+               f"{one / GIB:.1f} GiB){swapped}, the disk of the job folder has {free / GIB:.1f} GiB free: "
+               f"{fix}")
     if fits:
         raise PlanError("training.save_total_limit", message, code="insufficient_disk")
     return usage, Note(code="insufficient_disk", field="training.save_total_limit", message=message)
@@ -607,7 +612,7 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
     if not chosen.fits and not alternatives:
         warnings.append(_nothing_fits(p, chosen))
     steps = _steps(p.spec, s.global_batch)
-    disk, disk_note = _disk(p, s, steps, chosen.fits)
+    disk, disk_note = _disk(p, s, steps, chosen.fits, chosen.memory.nvme_bytes)
     if disk_note is not None:
         warnings.append(disk_note)
     ds = build_deepspeed_config(

@@ -152,6 +152,8 @@ class DiskUsage(_Out):
     #: the most complete checkpoints on disk at once; None where the number of steps is unknown
     #: and no save_total_limit bounds them
     checkpoints_at_peak: int | None
+    #: NVMe offload's swap files where they are on the same disk (``hardware.nvme_on_job_disk``)
+    nvme_swap_bytes: int = 0
     total_bytes: int
     free_bytes: int | None
     fits: bool

@@ -154,6 +154,9 @@ class HardwareSpec(_Strict):
     #: Free bytes of the disk where job folders (and their checkpoints) live; None: not checked.
     #: The service fills it in for its own box.
     disk_free_bytes: Annotated[int, Field(ge=0, le=2**60)] | None = None
+    #: Whether ``nvme_path`` is on the disk of the job folders: NVMe offload's swap files then take
+    #: their room from the checkpoints' free space. The service fills it in for its own box.
+    nvme_on_job_disk: bool = False
     #: Measured over planned step time on this box, learned from its finished jobs; multiplies every
     #: step-time figure of the plan. The service fills it in for its own box.
     step_time_factor: Annotated[float, Field(ge=0.01, le=1000)] | None = None

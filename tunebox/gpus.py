@@ -12,12 +12,14 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import shutil
 import socket
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -276,18 +278,33 @@ def box_hardware(session: Session, settings: Settings) -> HardwareSpec:
                         step_time_factor=step_factor, host_clock_factor=clock,
                         gpu_memory_correction=memory_correction,
                         nvme_unavailable=nvme_unavailable(settings), gpu_bf16_tflops=tflops, pcie_gbps=pcie,
-                        disk_free_bytes=job_disk_free_bytes(settings), sources=sources)
+                        disk_free_bytes=job_disk_free_bytes(settings),
+                        nvme_on_job_disk=nvme_on_job_disk(settings), sources=sources)
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def job_disk_free_bytes(settings: Settings) -> int | None:
     """Free bytes of the disk the job folders (and their checkpoints) are written to."""
-    where = settings.data_dir / "jobs"
-    while not where.exists() and where != where.parent:
-        where = where.parent
     try:
-        return int(shutil.disk_usage(where).free)
+        return int(shutil.disk_usage(_existing(settings.data_dir / "jobs")).free)
     except OSError:
         return None
+
+
+def nvme_on_job_disk(settings: Settings) -> bool:
+    """Whether the NVMe offload folder is on the disk of the job folders (one device)."""
+    if settings.nvme_path is None:
+        return False
+    try:
+        return (os.stat(_existing(settings.nvme_path)).st_dev
+                == os.stat(_existing(settings.data_dir / "jobs")).st_dev)
+    except OSError:
+        return False
 
 
 def probed_rates(session: Session, host: str) -> dict[str, float]:

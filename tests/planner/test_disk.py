@@ -62,3 +62,28 @@ def test_a_job_the_gpus_refuse_keeps_its_alternatives_and_warns_of_the_disk() ->
     assert not p.fits and p.alternatives
     assert not p.disk.fits
     assert any(w.code == "insufficient_disk" and w.field == "training.save_total_limit" for w in p.warnings)
+
+
+def _nvme_optimizer(free_gib: float, shared: bool) -> dict[str, Any]:
+    """Qwen2.5-1.5B full fine-tuning with the optimizer on NVMe, one final checkpoint."""
+    s = spec("full", 8, 80, None, free_gib)
+    s["model"] = {"name": "Qwen/Qwen2.5-1.5B"}
+    s["hardware"].update(nvme_bytes=100 * GIB, nvme_path="/scratch", nvme_on_job_disk=shared)
+    s["resources"] = {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "nvme", "offload_param": "none"}
+    return s
+
+
+def test_nvme_swap_files_on_the_disk_of_the_job_folder_take_the_checkpoints_room() -> None:
+    """The optimizer's swap files (fp32 master, moments and gradients: 23 GiB for 1.5B) and its final
+    checkpoint (another 23 GiB) on one disk with 40 GiB free: refused, naming both; with the swap on
+    another disk, the checkpoint alone fits."""
+    apart = plan(_nvme_optimizer(40, shared=False))
+    assert apart.disk.fits and apart.disk.nvme_swap_bytes == 0
+    assert apart.nvme.total_bytes > 20 * GIB and apart.disk.checkpoint_bytes > 20 * GIB
+    with pytest.raises(PlanError) as err:
+        plan(_nvme_optimizer(40, shared=True))
+    assert err.value.field == "training.save_total_limit"
+    assert "GiB of NVMe swap files on the same disk" in str(err.value)
+    roomy = plan(_nvme_optimizer(60, shared=True))
+    assert roomy.disk.nvme_swap_bytes == roomy.nvme.total_bytes
+    assert roomy.disk.total_bytes == roomy.disk.checkpoint_bytes + roomy.nvme.total_bytes

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import delete, select
@@ -261,3 +263,17 @@ def test_host_probe_runs_in_its_own_process_and_reports_microseconds():
         assert 0 < figures[key] < 100_000, key
     # a hooked module call is a tensor op plus Python around it
     assert figures["hooked_module_us"] > figures["tensor_op_us"]
+
+
+def test_box_hardware_says_whether_nvme_swap_shares_the_job_folders_disk(db_url, settings, tmp_path):
+    """The NVMe folder on the disk of the job folders (a folder beside them) or not (none set; a
+    tmpfs where the box has one)."""
+    on_disk = settings.model_copy(update={"nvme_path": tmp_path / "nvme"})
+    with session_scope(db_url) as s:
+        assert gpus.box_hardware(s, on_disk).nvme_on_job_disk is True
+        assert gpus.box_hardware(s, settings.model_copy(update={"nvme_path": None})).nvme_on_job_disk is False
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.stat(shm).st_dev != os.stat(tmp_path).st_dev:
+        elsewhere = settings.model_copy(update={"nvme_path": shm})
+        with session_scope(db_url) as s:
+            assert gpus.box_hardware(s, elsewhere).nvme_on_job_disk is False

@@ -47,7 +47,8 @@ def test_a_job_with_its_parameters_on_nvme_trains_with_the_plans_swap_config(
     with mock.patch.object(planned, "planned_job", return_value=job):
         run = planned.write_planned_run(job_dir, spec, 1, cfg)
     # the job's swap files go to a folder of its own under the box's
-    assert run["deepspeed_config"]["zero_optimization"]["offload_param"]["nvme_path"] == str(swap / "job_test")
+    swapped = run["deepspeed_config"]["zero_optimization"]["offload_param"]
+    assert swapped["nvme_path"] == str(swap / "job_test")
     with mock.patch.dict(os.environ, environment(prefix)):
         # the job builds DeepSpeed's async I/O op and swaps every tensor through it on two cores:
         # 6 min 17 s alone on the 2-core CI box, more beside other work
