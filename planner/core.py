@@ -286,6 +286,7 @@ def _choices(p: Prepared, base: Setup) -> tuple[Choices, bool]:
         global_batch=global_batch,
         explicit_accumulation=t.gradient_accumulation_steps if micro and gpus else None,
         knobs={s: knob_variants(p.facts, base.knobs, s, pinned) for s in stages or free.zero_stage},
+        prefetch_pinned="prefetch_bucket_size" in pinned,
     ), auto
 
 

@@ -122,6 +122,8 @@ class Choices:
     #: the loss's chunk (None: the full logits); a chunk the search offers is tried only where a
     #: micro-batch holds more positions
     loss_chunk_tokens: Sequence[int | None] = (None,)
+    #: the spec sets ``stage3_prefetch_bucket_size`` itself (else parameters on NVMe run without)
+    prefetch_pinned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +167,11 @@ def knob_variants(
     checkpointing a layer's recompute in backward holds every frozen parameter it fetches until the
     backward of the module that started it ends, so the buffers hold one decoder layer's swapped
     tensors and one more (the jobs that failed with fewer, or smaller, buffers:
-    ``bench/results/nvme-offload``).
+    ``bench/results/nvme-offload``). That holds only without prefetching: DeepSpeed's NVMe prefetch
+    takes every free buffer for the parameters its trace expects next, and a fetch of any other
+    then finds none ("Not enough buffers 0 for swapping 1", with the held layer's seven tensors and
+    one prefetched one in the eight buffers), so ``points`` runs parameters on NVMe without a
+    prefetch bucket unless the spec sets one.
     """
     if stage == 0:
         return (knobs,)
@@ -236,6 +242,8 @@ def points(base: Setup, ch: Choices) -> Iterator[tuple[Setup, int]]:
             for ckpt in ch.gradient_checkpointing:
                 for chunk in chunks:
                     for rank, knobs in enumerate(ch.knobs.get(stage, (b.knobs,))):
+                        if par == "nvme" and not ch.prefetch_pinned:
+                            knobs = replace(knobs, prefetch_bucket_size=0)
                         yield Setup(
                             b.method, gpus, stage, opt, par, micro, accum, b.seq_len, ckpt, b.precision,
                             b.optimizer, b.attn_implementation, knobs, chunk, b.attention_mask,

@@ -397,7 +397,8 @@ def test_nvme_parameter_buffers_hold_the_largest_parameter_and_one_layer(name: s
 
 
 def test_nvme_parameter_buffers_the_user_sets_are_kept_or_refused() -> None:
-    spec = job(model={"name": "Qwen/Qwen2.5-7B"}, resources=NVME_PARAMS, hardware=hardware(nvme_gib=2000))
+    spec = job(model={"name": "Qwen/Qwen2.5-7B"}, resources=dict(NVME_PARAMS),
+               hardware=hardware(nvme_gib=2000))
     embedding = 152064 * 3584
     spec["resources"]["deepspeed"] = {"offload_param": {"buffer_count": 12, "buffer_size": embedding + 1}}
     block = plan(spec).deepspeed_config["zero_optimization"]["offload_param"]
@@ -407,3 +408,18 @@ def test_nvme_parameter_buffers_the_user_sets_are_kept_or_refused() -> None:
         plan(spec)
     assert err.value.field == "resources.deepspeed.offload_param.buffer_size"
     assert f"{embedding:,}" in err.value.message
+
+
+def test_parameters_on_nvme_run_without_prefetching_unless_the_spec_sets_it() -> None:
+    """DeepSpeed's NVMe prefetch takes every free swap buffer for the parameters its trace expects
+    next; the buffers hold one layer's tensors and one more only when every fetch is the demand of
+    the module that runs. Parameters on the CPU keep the prefetch bucket."""
+    spec = job(model={"name": "Qwen/Qwen2.5-7B"}, resources=dict(NVME_PARAMS),
+               hardware=hardware(nvme_gib=2000))
+    zero = plan(spec).deepspeed_config["zero_optimization"]
+    assert zero["stage3_prefetch_bucket_size"] == 0
+    on_cpu = job(model={"name": "Qwen/Qwen2.5-7B"}, resources=NVME_PARAMS | {"offload_param": "cpu"})
+    assert plan(on_cpu).deepspeed_config["zero_optimization"]["stage3_prefetch_bucket_size"] > 0
+    spec["resources"]["deepspeed"] = {"stage3_prefetch_bucket_size": 50_000_000}
+    pinned = plan(spec).deepspeed_config["zero_optimization"]
+    assert pinned["stage3_prefetch_bucket_size"] == 50_000_000
