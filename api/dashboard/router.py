@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
+
+from store.status import ACTIVE, TERMINAL, JobStatus
 
 STATIC = Path(__file__).parent / "static"
 PREFIX = "/dashboard"
@@ -33,6 +36,21 @@ def index() -> FileResponse:
             "Referrer-Policy": "no-referrer",
         },
     )
+
+
+def states_script() -> str:
+    """The job states as the dashboard's script names them, from ``store.status``: every status in the
+    lifecycle's order, the terminal ones and the ones that hold GPUs."""
+    order = [status.value for status in JobStatus]
+    return (f"const STATUSES = {json.dumps(order)};\n"
+            f"const TERMINAL = new Set({json.dumps([s for s in order if s in TERMINAL])});\n"
+            f"const ACTIVE = {json.dumps([s for s in order if s in ACTIVE])};\n")
+
+
+@router.get(f"{PREFIX}/states.js")
+def states() -> Response:
+    return Response(states_script(), media_type="text/javascript",
+                    headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
 
 
 def install(app: FastAPI) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from planner.catalogue import catalogue
+from store.status import ACTIVE, TERMINAL, JobStatus
 from tests.api.conftest import Env
 
 
@@ -23,6 +25,20 @@ def test_the_page_and_its_files_are_served_at_the_root(env: Env) -> None:
     assert "MIT" in env.client.get("/dashboard/vendor/js-yaml.LICENSE").text[:200]
     assert env.client.get("/dashboard/../api/app.py").status_code == 404
     assert "/" not in env.client.get("/openapi.json").json()["paths"]
+
+
+def test_the_page_names_the_job_states_the_server_has(env: Env) -> None:
+    """The dashboard's script reads the states from the server's own (``store.status``), not a copy."""
+    res = env.client.get("/dashboard/states.js")
+    assert res.status_code == 200 and res.headers["content-type"].startswith("text/javascript")
+    lists = dict(re.findall(r"const (\w+) = (?:new Set\()?(\[[^\]]*\])", res.text))
+    assert json.loads(lists["STATUSES"]) == [s.value for s in JobStatus]
+    assert set(json.loads(lists["TERMINAL"])) == {s.value for s in TERMINAL}
+    assert set(json.loads(lists["ACTIVE"])) == {s.value for s in ACTIVE}
+    page = env.client.get("/").text
+    assert page.index("/dashboard/states.js") < page.index("/dashboard/app.js")
+    script = env.client.get("/dashboard/app.js").text
+    assert not re.search(r"const (STATUSES|TERMINAL|ACTIVE)\b", script)
 
 
 def test_me_says_who_the_token_is(env: Env) -> None:

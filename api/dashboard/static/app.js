@@ -3,9 +3,7 @@
 
 const TOKEN_KEY = "tunebox.token";
 const REFRESH_MS = 5000;
-const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
-const ACTIVE = ["starting", "running", "evaluating", "pausing", "cancelling"];
-const STATUSES = ["queued", ...ACTIVE, "paused", "succeeded", "failed", "cancelled"];
+/* STATUSES, TERMINAL and ACTIVE come from /dashboard/states.js, written from the server's own states */
 const COLORS = {
   train: "#2563eb", eval: "#d97706", lr: "#7c3aed", tps: "#0d9488", measured: "#2563eb",
   peak: "#dc2626", capacity: "#111827",
