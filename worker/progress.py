@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
-from store import jobs
+from store import checkpoints, jobs, metrics
 from store.base import utcnow
 from store.db import session_scope
 from store.ids import new_id
@@ -180,8 +178,7 @@ class ProgressRecorder:
     def _record_checkpoint(self, record: dict[str, Any], final: bool) -> None:
         step, path = int(record.get("step") or 0), str(record.get("path") or record.get("final_path"))
         with session_scope(self.db_url) as s:
-            row = s.scalars(select(Checkpoint).where(Checkpoint.job_id == self.job_id,
-                                                     Checkpoint.step == step)).one_or_none()
+            row = checkpoints.at_step(s, self.job_id, step)
             if row is None:
                 row = Checkpoint(id=new_id("ckpt"), job_id=self.job_id, step=step)
                 s.add(row)
@@ -193,8 +190,7 @@ class ProgressRecorder:
     def _record_removed(self, record: dict[str, Any]) -> None:
         steps = [int(x) for x in record.get("steps") or []]
         with session_scope(self.db_url) as s:
-            for row in s.scalars(select(Checkpoint).where(Checkpoint.job_id == self.job_id,
-                                                          Checkpoint.step.in_(steps))):
+            for row in checkpoints.at_steps(s, self.job_id, steps):
                 s.delete(row)
             s.add(JobEvent(job_id=self.job_id, kind="checkpoint", actor="worker",
                            message=f"removed checkpoints at steps {', '.join(map(str, steps))} "
@@ -232,8 +228,7 @@ class ProgressRecorder:
 
 def _upsert_metric(session: Any, job_id: str, kind: str, r: dict[str, Any], peaks: Peaks | None) -> None:
     step = int(r.get("step") or 0)
-    row = session.scalars(select(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.kind == kind,
-                                                    MetricPoint.step == step)).one_or_none()
+    row = metrics.at_step(session, job_id, kind, step)
     if row is None:
         row = MetricPoint(job_id=job_id, kind=kind, step=step)
         session.add(row)

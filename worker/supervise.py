@@ -25,14 +25,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from store import jobs
+from store import checkpoints, jobs
 from store.base import utcnow
 from store.dataset_reports import save_report
 from store.db import session_scope
-from store.models import Checkpoint, Gpu, Job, JobEvent
+from store.models import Gpu, Job, JobEvent
 from store.states import ACTIVE, IllegalTransition, JobStatus, transition
 from tunebox.gpus import NvmlSampler
 from tunebox.settings import Settings
@@ -274,12 +274,12 @@ class JobRun:
 
     def _train_tick(self, group: launcher.ProcessGroup) -> None:
         assert self._progress is not None and self._logs is not None
-        checkpoints = self.recorder.handle(parse_records(self._progress.read()))
+        saved = self.recorder.handle(parse_records(self._progress.read()))
         if self.recorder.started is not None and self.status is JobStatus.STARTING:
             self._to_running()
         self._logs.poll()
         self._sample(group)
-        for checkpoint in checkpoints:
+        for checkpoint in saved:
             self.evals.on_checkpoint(checkpoint)
         self.evals.tick()
 
@@ -296,8 +296,8 @@ class JobRun:
 
     def _drain(self) -> None:
         assert self._progress is not None and self._logs is not None
-        checkpoints = self.recorder.handle(parse_records(self._progress.read()))
-        for checkpoint in checkpoints:
+        saved = self.recorder.handle(parse_records(self._progress.read()))
+        for checkpoint in saved:
             self.evals.on_checkpoint(checkpoint)
         self.recorder.flush(force=True)
         self._logs.poll(force=True)
@@ -552,9 +552,7 @@ class Evaluations:
         if step is None:
             return
         with session_scope(self.run.url) as s:
-            s.execute(update(Checkpoint).where(Checkpoint.job_id == self.run.job_id, Checkpoint.step == step)
-                      .values(eval_status="succeeded" if ok else "failed", eval_result=result)
-                      .execution_options(synchronize_session=False))
+            checkpoints.set_evaluation(s, self.run.job_id, int(step), ok, result)
         if ok:
             record_eval_metric(self.run.url, self.run.job_id, int(step), result.get("eval_loss"))
 

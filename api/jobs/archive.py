@@ -8,10 +8,10 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from api.errors import FieldError, NotFound
+from store import checkpoints
 from store.models import Checkpoint
 
 RESUME_STATE = "ds"
@@ -19,12 +19,8 @@ RESUME_STATE = "ds"
 
 def find_checkpoint(session: Session, job_id: str, step: int | None) -> Checkpoint:
     """The checkpoint of ``step``, or the final one (the newest where there is no final)."""
-    query = select(Checkpoint).where(Checkpoint.job_id == job_id)
-    if step is not None:
-        query = query.where(Checkpoint.step == step)
-    else:
-        query = query.order_by(Checkpoint.is_final.desc(), Checkpoint.step.desc())
-    found = session.scalars(query.limit(1)).first()
+    found = (checkpoints.at_step(session, job_id, step) if step is not None
+             else checkpoints.final_or_newest(session, job_id))
     if found is None or not Path(found.path).is_dir():
         what = f"no checkpoint at step {step}" if step is not None else "no checkpoint yet"
         raise NotFound(f"{job_id} has {what}", errors=[FieldError("step", what)])

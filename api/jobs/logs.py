@@ -13,12 +13,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from store import jobs
-from store.models import Job, JobEvent
+from store import events, jobs
+from store.models import Job
 from store.states import JobStatus
 
 LOG_FILE = "train.log"
@@ -93,12 +92,9 @@ class EventReader:
 
     def read(self) -> str:
         with self.sessions() as session:
-            rows = session.execute(select(JobEvent.id, JobEvent.message)
-                                   .where(JobEvent.job_id == self.job_id, JobEvent.kind == "log",
-                                          JobEvent.id > self.after)
-                                   .order_by(JobEvent.id).limit(EVENT_BATCH)).all()
+            rows = events.log_lines_after(session, self.job_id, self.after, EVENT_BATCH)
         if rows:
-            self.after = rows[-1].id
+            self.after = rows[-1][0]
         return "".join(m if m.endswith("\n") else m + "\n" for _, m in rows)
 
 

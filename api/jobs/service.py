@@ -50,11 +50,11 @@ from api.workers import WorkerWatch
 from planner import Plan
 from planner.constants import GIB
 from planner.spec import DataSource, JobSpec
-from store import jobs
+from store import checkpoints, events, jobs, metrics
 from store.base import utcnow
 from store.dataset_reports import find_report
 from store.ids import new_id
-from store.models import Checkpoint, Dataset, Job, JobEvent, MetricPoint, User
+from store.models import Dataset, Job, JobEvent, User
 from store.queue import queued_in_run_order
 from store.states import IllegalTransition, JobStatus, transition
 from tunebox.settings import Settings
@@ -403,20 +403,21 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     _check_nvme_paths(plan_json, spec, settings)
     task_id = new_task_id()
     job_id = new_id("job")
-    events = [
+    created = [
         {"kind": "created", "actor": user.name, "message": "job created",
          "data": {"status": "queued", "num_gpus": plan.num_gpus}},
         {"kind": "audit", "actor": user.name, "message": "create", "data": {"action": "create"}},
     ]
     if (silent := watch.no_worker(session, settings)) is not None:
-        events.append({"kind": "waiting", "actor": "api", "message": silent, "data": {"reason": "no_worker"}})
+        created.append({"kind": "waiting", "actor": "api", "message": silent,
+                        "data": {"reason": "no_worker"}})
     job = jobs.create(session, {
         "id": job_id, "owner_id": user.user_id, "name": spec.name, "model": model_label(spec),
         "status": JobStatus.QUEUED, "priority": spec.priority, "spec": spec.model_dump(mode="json"),
         "plan": plan_json, "dataset_id": dataset_id, "eval_dataset_id": eval_dataset_id,
         "num_gpus": plan.num_gpus, "celery_task_id": task_id,
         "planned_peak_gpu_bytes": leased_gpu_bytes(plan_json, spec),
-        "planned_host_bytes": plan_json["host"]["total_bytes"]}, events)
+        "planned_host_bytes": plan_json["host"]["total_bytes"]}, created)
     return job_read(job, user.name), task_id
 
 
@@ -548,9 +549,7 @@ def event_read(ev: JobEvent) -> EventRead:
 
 
 def events_after(session: Session, job_id: str, after: int, limit: int) -> list[EventRead]:
-    rows = session.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after)
-                           .order_by(JobEvent.id).limit(limit))
-    return [event_read(ev) for ev in rows]
+    return [event_read(ev) for ev in events.after(session, job_id, after, limit)]
 
 
 def list_events(session: Session, job_id: str, after: int, limit: int) -> EventList:
@@ -578,20 +577,16 @@ def job_status_and_progress(session: Session, job_id: str) -> tuple[JobStatus | 
 
 def metric_series(session: Session, job_id: str, kind: MetricKind, after_step: int | None,
                   limit: int) -> MetricSeries:
-    query = (select(MetricPoint).where(MetricPoint.job_id == job_id, MetricPoint.kind == kind)
-             .order_by(MetricPoint.step).limit(limit))
-    if after_step is not None:
-        query = query.where(MetricPoint.step > after_step)
     points = [MetricPointRead(step=p.step, epoch=p.epoch, loss=p.loss, learning_rate=p.learning_rate,
                               tokens_per_second=p.tokens_per_second, samples_per_second=p.samples_per_second,
                               gpu_memory_bytes=p.gpu_memory_bytes, host_rss_bytes=p.host_rss_bytes,
                               host_cpu_percent=p.host_cpu_percent, created_at=p.created_at)
-              for p in session.scalars(query)]
+              for p in metrics.points(session, job_id, kind, after_step=after_step, limit=limit)]
     return MetricSeries(job_id=job_id, kind=kind, points=points)
 
 
 def list_checkpoints(session: Session, job_id: str) -> CheckpointList:
-    rows = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step))
+    rows = checkpoints.of_job(session, job_id)
     return CheckpointList(items=[CheckpointRead(id=c.id, step=c.step, path=c.path, size_bytes=c.size_bytes,
                                                 is_final=c.is_final, eval_status=c.eval_status,
                                                 eval_result=c.eval_result, created_at=c.created_at)

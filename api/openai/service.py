@@ -20,8 +20,8 @@ from api.jobs import idempotency
 from api.openai.errors import OpenAIError
 from api.openai.schemas import FILE_FORMAT, FineTuningJobCreate
 from planner.spec import JobSpec, TrainingSpec
-from store import jobs
-from store.models import Checkpoint, IdempotencyKey, Job, JobEvent, MetricPoint, User
+from store import checkpoints, events, jobs, metrics
+from store.models import IdempotencyKey, Job, JobEvent, MetricPoint, User
 from store.states import JobStatus
 from tunebox.settings import Settings
 
@@ -312,9 +312,6 @@ def _metrics_event(point: MetricPoint, total: int | None, valid: dict[int, float
 
 def list_events(session: Session, job: Job, after: str | None, limit: int) -> dict[str, Any]:
     """The job's events and its per-step metrics as ``fine_tuning.job.event``, newest first."""
-    events = session.scalars(
-        select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.kind.not_in(_QUIET_EVENTS))
-    )
     items: list[dict[str, Any]] = [
         {
             "id": f"ftevent-e{ev.id}",
@@ -326,9 +323,9 @@ def list_events(session: Session, job: Job, after: str | None, limit: int) -> di
             "type": "message",
             "_order": ev.created_at,
         }
-        for ev in events
+        for ev in events.excluding_kinds(session, job.id, _QUIET_EVENTS)
     ]
-    points = session.scalars(select(MetricPoint).where(MetricPoint.job_id == job.id)).all()
+    points = metrics.points(session, job.id)
     valid = {p.step: p.loss for p in points if p.kind == "eval"}
     items += [_metrics_event(p, job.total_steps, valid) for p in points if p.kind == "train"]
     items.sort(key=lambda item: (item.pop("_order"), item["id"]), reverse=True)
@@ -336,15 +333,8 @@ def list_events(session: Session, job: Job, after: str | None, limit: int) -> di
 
 
 def list_checkpoints(session: Session, job: Job, after: str | None, limit: int) -> dict[str, Any]:
-    losses = {
-        p.step: p.loss
-        for p in session.scalars(
-            select(MetricPoint).where(MetricPoint.job_id == job.id, MetricPoint.kind == "train")
-        )
-    }
-    rows = session.scalars(
-        select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step.desc())
-    ).all()
+    losses = {p.step: p.loss for p in metrics.points(session, job.id, "train")}
+    rows = checkpoints.of_job(session, job.id, newest_first=True)
     data = [
         {
             "id": c.id,
@@ -371,9 +361,7 @@ def list_checkpoints(session: Session, job: Job, after: str | None, limit: int) 
 
 def results_csv(session: Session, job: Job) -> str:
     """The job's ``result_files`` entry: its per-step metrics as CSV."""
-    points = session.scalars(
-        select(MetricPoint).where(MetricPoint.job_id == job.id).order_by(MetricPoint.step)
-    ).all()
+    points = metrics.points(session, job.id)
     valid = {p.step: p.loss for p in points if p.kind == "eval"}
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
