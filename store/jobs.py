@@ -9,15 +9,16 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Row, Table, func, insert, or_, select, update
-from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy import Connection, Row, Select, Table, bindparam, func, insert, or_, select, update
+from sqlalchemy.orm import InstrumentedAttribute, Session, defer
 
 from store.models import GpuLease, Job, JobEvent, User
 from store.status import ACTIVE, JobStatus
 
 __all__ = ["active_on_host", "active_without_live_lease", "attempt_of", "by_ids", "columns",
-           "count_by_status", "create", "exists", "latest_succeeded_on", "lock", "queued_unsent_since",
-           "set_fields", "status_of", "succeeded_hosts", "using_dataset", "with_owner"]
+           "count_by_status", "create", "exists", "latest_succeeded_on", "lock", "newest_first",
+           "queued_of_owner", "queued_unsent_since", "set_fields", "status_of", "succeeded_hosts",
+           "summaries", "using_dataset", "with_owner"]
 
 _ACTIVE = [s.value for s in ACTIVE]
 
@@ -107,6 +108,46 @@ def queued_unsent_since(session: Session, cutoff: datetime) -> list[str]:
         Job.status == JobStatus.QUEUED,
         or_(Job.dispatch_checked_at < cutoff,
             Job.dispatch_checked_at.is_(None) & (Job.created_at < cutoff)))))
+
+
+def summaries(query: Select[tuple[Job]]) -> Select[tuple[Job, str]]:
+    """``query``'s jobs with their owner's name, without the large columns a summary does not show."""
+    return (query.add_columns(User.name).join(User, User.id == Job.owner_id)
+            .options(defer(Job.spec), defer(Job.plan), defer(Job.eval_result), defer(Job.log_tail)))
+
+
+def newest_first(session: Session, limit: int, *, after: str | None = None, statuses: Iterable[str] = (),
+                 owner_id: str | None = None, owner_name: str | None = None, model: str | None = None,
+                 summary: bool = True) -> list[tuple[Job, str]]:
+    """A page of jobs with their owners' names, newest first (ids sort by creation time): those
+    before ``after``, of ``statuses``, owned by ``owner_id`` or the user named ``owner_name``, of
+    ``model``; without the large columns where ``summary``."""
+    query = (summaries(select(Job)) if summary
+             else select(Job, User.name).join(User, User.id == Job.owner_id))
+    query = query.order_by(Job.id.desc()).limit(limit)
+    wanted = [str(s) for s in statuses]
+    if wanted:
+        query = query.where(Job.status.in_(wanted))
+    if owner_id is not None:
+        query = query.where(Job.owner_id == owner_id)
+    if owner_name is not None:
+        query = query.where(User.name == owner_name)
+    if after is not None:
+        query = query.where(Job.id < after)
+    if model is not None:
+        query = query.where(Job.model == model)
+    return list(session.execute(query).tuples())
+
+
+# counted up to the limit, as a Core statement: no ORM on the submission's path
+_QUEUED_OF_OWNER = select(func.count()).select_from(
+    select(Job.id).where(Job.owner_id == bindparam("owner_id"), Job.status == JobStatus.QUEUED)
+    .limit(bindparam("limit")).subquery())
+
+
+def queued_of_owner(connection: Connection, owner_id: str, up_to: int) -> int:
+    """How many queued jobs ``owner_id`` has, counted up to ``up_to``."""
+    return int(connection.scalar(_QUEUED_OF_OWNER, {"owner_id": owner_id, "limit": up_to}) or 0)
 
 
 def count_by_status(session: Session) -> dict[str, int]:

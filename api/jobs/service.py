@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Row, Select, Text, bindparam, cast, func, select
-from sqlalchemy.orm import Session, defer
+from sqlalchemy import Row, Text, bindparam, cast, select
+from sqlalchemy.orm import Session
 
 from api.auth.access import may_read, may_use_dataset, sees_everything
 from api.auth.service import Principal
@@ -54,7 +54,7 @@ from store import checkpoints, events, jobs, metrics
 from store.base import utcnow
 from store.dataset_reports import find_report
 from store.ids import new_id
-from store.models import Dataset, Job, JobEvent, User
+from store.models import Dataset, Job, JobEvent
 from store.queue import queued_in_run_order
 from store.states import IllegalTransition, JobStatus, transition
 from tunebox.settings import Settings
@@ -163,12 +163,6 @@ def job_not_found(job_id: str) -> NotFound:
     return NotFound(f"no job {job_id}", errors=[FieldError("job_id", "no such job")])
 
 
-def _summaries(query: Select[tuple[Job]]) -> Select[tuple[Job, str]]:
-    """``query``'s jobs with their owner's name, without the large columns a summary does not show."""
-    return (query.add_columns(User.name).join(User, User.id == Job.owner_id)
-            .options(defer(Job.spec), defer(Job.plan), defer(Job.eval_result), defer(Job.log_tail)))
-
-
 def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus], owner: str | None,
               after: str | None, limit: int, settings: Settings, model: str | None = None) -> JobList:
     """Newest first; ``after`` is the last id of the previous page (ids sort by creation time).
@@ -176,20 +170,10 @@ def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus
     Everyone sees the whole queue; the model, progress and failure of a job are only there for those
     who may read its details (:func:`api.auth.access.may_read`), and ``model`` filters among those.
     """
-    query = _summaries(select(Job)).order_by(Job.id.desc()).limit(limit + 1)
-    if statuses:
-        query = query.where(Job.status.in_([s.value for s in statuses]))
-    if owner == "me":
-        query = query.where(Job.owner_id == user.user_id)
-    elif owner:
-        query = query.where(User.name == owner)
-    if after:
-        query = query.where(Job.id < after)
-    if model is not None:
-        query = query.where(Job.model == model)
-        if not sees_everything(user, settings):
-            query = query.where(Job.owner_id == user.user_id)
-    rows = session.execute(query).all()
+    own = owner == "me" or (model is not None and not sees_everything(user, settings))
+    rows = jobs.newest_first(session, limit + 1, after=after or None, statuses=statuses,
+                             owner_id=user.user_id if own else None,
+                             owner_name=owner if owner and owner != "me" else None, model=model)
     items = [job_summary(job, name, details=may_read(user, job.owner_id, settings))
              for job, name in rows[:limit]]
     return JobList(items=items, next_after=items[-1].id if len(rows) > limit else None)
@@ -197,29 +181,21 @@ def list_jobs(session: Session, user: Principal, *, statuses: Sequence[JobStatus
 
 def queue(session: Session, user: Principal, settings: Settings, limit: int) -> Queue:
     """The queued jobs in start order; another's job as the queue shows it (no details)."""
-    rows = session.execute(_summaries(queued_in_run_order()).limit(limit + 1)).all()
+    rows = session.execute(jobs.summaries(queued_in_run_order()).limit(limit + 1)).all()
     items = [job_summary(job, name, details=may_read(user, job.owner_id, settings))
              for job, name in rows[:limit]]
     more = 0
     if len(rows) > limit:
-        total = session.scalar(select(func.count()).select_from(Job).where(Job.status == JobStatus.QUEUED))
-        more = int(total or 0) - limit
+        more = jobs.count_by_status(session).get(JobStatus.QUEUED.value, 0) - limit
     return Queue(items=items, more=more)
 
 
 # --------------------------------------------------------------------------- submitting
 
 
-# how many queued jobs an owner has, counted up to the limit (a Core statement: no ORM on this path)
-_QUEUED_OF_OWNER = select(func.count()).select_from(
-    select(Job.id).where(Job.owner_id == bindparam("owner_id"), Job.status == JobStatus.QUEUED)
-    .limit(bindparam("limit")).subquery())
-
-
 def _check_queue_limit(session: Session, user: Principal, settings: Settings) -> None:
     limit = user.max_queued_jobs or settings.max_queued_jobs_per_user
-    queued = session.connection().scalar(_QUEUED_OF_OWNER, {"owner_id": user.user_id, "limit": limit})
-    if (queued or 0) >= limit:
+    if jobs.queued_of_owner(session.connection(), user.user_id, limit) >= limit:
         raise TooManyRequests(f"{user.name} already has {limit} queued jobs (the limit); wait or cancel some",
                               errors=[FieldError("owner", f"queued jobs limit {limit} reached")])
 

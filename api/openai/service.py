@@ -10,7 +10,7 @@ from pathlib import PurePath
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from api.auth.access import may_read, sees_everything
@@ -21,7 +21,7 @@ from api.openai.errors import OpenAIError
 from api.openai.schemas import FILE_FORMAT, FineTuningJobCreate
 from planner.spec import JobSpec, TrainingSpec
 from store import checkpoints, events, jobs, metrics
-from store.models import IdempotencyKey, Job, JobEvent, MetricPoint, User
+from store.models import IdempotencyKey, Job, JobEvent, MetricPoint
 from store.states import JobStatus
 from tunebox.settings import Settings
 
@@ -259,14 +259,8 @@ def readable_job(session: Session, settings: Settings, user: Principal, job_id: 
 def list_jobs(
     session: Session, settings: Settings, user: Principal, after: str | None, limit: int
 ) -> dict[str, Any]:
-    query = (
-        select(Job, User.name).join(User, User.id == Job.owner_id).order_by(Job.id.desc()).limit(limit + 1)
-    )
-    if not sees_everything(user, settings):
-        query = query.where(Job.owner_id == user.user_id)
-    if after is not None:
-        query = query.where(Job.id < after)
-    rows = session.execute(query).all()
+    rows = jobs.newest_first(session, limit + 1, after=after, summary=False,
+                             owner_id=None if sees_everything(user, settings) else user.user_id)
     data = [job_object(job, owner) for job, owner in rows[:limit]]
     return {
         "object": "list",
