@@ -496,12 +496,19 @@ def group_processes(group: ProcessGroup) -> list[Any]:
     return out
 
 
+#: the programs a DeepSpeed op's build runs under the rank that needs it: their memory is the build's,
+#: not the job's (a job that compiled fused_adam itself read 39% over its plan with them counted)
+BUILD_PROGRAMS = frozenset({"ninja", "nvcc", "cicc", "ptxas", "fatbinary", "nvlink", "cudafe++", "cc1plus",
+                            "cc1", "c++", "g++", "gcc", "cc", "as", "ld", "collect2"})
+
+
 def group_rss_bytes(procs: list[Any]) -> int:
-    """Resident memory of these processes right now."""
+    """Resident memory of these processes right now, an op build's compilers left out."""
     import psutil
 
     total = 0
     for proc in procs:
         with contextlib.suppress(psutil.Error, OSError):
-            total += int(proc.memory_info().rss)
+            if proc.name() not in BUILD_PROGRAMS:
+                total += int(proc.memory_info().rss)
     return total

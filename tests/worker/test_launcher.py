@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -246,3 +247,29 @@ def test_nvme_offload_writes_into_a_folder_of_the_jobs_own() -> None:
     assert launcher.job_swap_dirs(moved) == [Path("/nvme/job_1")]
     assert launcher.job_swap_dirs(config | {"zero_optimization": {"stage": 2}}) == []
     assert launcher.with_job_swap({"train_batch_size": 1}, "job_1") == {"train_batch_size": 1}
+
+
+def test_a_jobs_resident_memory_leaves_an_op_builds_compilers_out(tmp_path: Path) -> None:
+    """The worker's RSS sample of a run's processes counts the ranks, not the compilers a DeepSpeed op
+    build runs under them."""
+    import shutil
+
+    import psutil
+
+    hold = "import time; b = bytearray(64 << 20); time.sleep(30)"
+    compiler = tmp_path / "cc1plus"  # a compiler as large as the rank
+    shutil.copy(os.path.realpath(sys.executable), compiler)
+    rank = subprocess.Popen([sys.executable, "-c", hold])
+    build = subprocess.Popen([str(compiler), "-c", hold], env={**os.environ, "PYTHONHOME": sys.base_prefix})
+    try:
+        time.sleep(0.5)
+        procs = [psutil.Process(rank.pid), psutil.Process(build.pid)]
+        assert procs[1].name() == "cc1plus" and procs[1].memory_info().rss > 64 << 20
+        counted = launcher.group_rss_bytes(procs)
+        assert counted == pytest.approx(procs[0].memory_info().rss, rel=0.05)
+        assert counted > 64 << 20
+    finally:
+        rank.kill()
+        build.kill()
+        rank.wait()
+        build.wait()
