@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from sqlalchemy import or_, select
 
 from planner.spec import FigureSource, HardwareSpec
+from store import leases
 from store.base import utcnow
 from store.models import Gpu, GpuLease, Job
 from store.states import JobStatus
@@ -447,23 +448,19 @@ def list_gpus(session: Session, settings: Settings) -> list[GpuStatus]:
     rows = list(session.scalars(select(Gpu).order_by(Gpu.host, Gpu.index)))
     if not rows:
         return [_unreported_status(host_name(settings), g) for g in local_inventory(settings)]
-    now = utcnow()
-    leases: dict[int, list[GpuLease]] = {}
-    live = select(GpuLease).where(GpuLease.expires_at > now).order_by(GpuLease.id)
-    for lease in session.scalars(live):
-        leases.setdefault(lease.gpu_id, []).append(lease)
-    return [_status(row, leases.get(row.id, [])) for row in rows]
+    live = leases.live_by_gpu(session, utcnow())
+    return [_status(row, live.get(row.id, [])) for row in rows]
 
 
-def _status(row: Gpu, leases: list[GpuLease]) -> GpuStatus:
-    held = sum(lease.memory_bytes for lease in leases)
+def _status(row: Gpu, live: list[GpuLease]) -> GpuStatus:
+    held = sum(lease.memory_bytes for lease in live)
     return GpuStatus(
         host=row.host, index=row.index, uuid=row.uuid, name=row.name,
         memory_total_bytes=row.memory_total_bytes, memory_free_bytes=row.memory_free_bytes,
         memory_unleased_bytes=max(0, row.memory_total_bytes - held),
         healthy=row.healthy, health_reason=row.health_reason, updated_at=row.updated_at,
         leases=[GpuLeaseStatus(job_id=x.job_id, exclusive=x.exclusive, memory_bytes=x.memory_bytes,
-                               heartbeat_at=x.heartbeat_at, expires_at=x.expires_at) for x in leases],
+                               heartbeat_at=x.heartbeat_at, expires_at=x.expires_at) for x in live],
     )
 
 

@@ -18,13 +18,14 @@ removed by the next acquisition or the reconciler.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import select, update
 
+from store import leases
 from store.base import utcnow
-from store.models import Gpu, GpuLease, Job, User
+from store.models import Gpu, Job, User
 from store.queue import queued_in_run_order
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def try_acquire(session: Session, job: Job, host: str, settings: Settings) -> Gr
     """Lease GPUs of ``host`` to ``job`` if it is its turn and they are free; the caller commits."""
     gpus = lock_host_gpus(session, host)
     now = utcnow()
-    _drop_expired(session, [g.id for g in gpus], now)
+    leases.drop_expired_on(session, [g.id for g in gpus], now)
     cards = _cards(session, [g for g in gpus if g.healthy])
     queue = _queue_ahead_of(session, job)
     owners = _Owners(session, {j.owner_id for j in queue}, settings, now)
@@ -107,9 +108,7 @@ class _Owners:
     """GPUs each owner holds (live leases on any host) against their limit, during one allocation."""
 
     def __init__(self, session: Session, owner_ids: set[str], settings: Settings, now: datetime) -> None:
-        self.held: dict[str, int] = dict(session.execute(
-            select(Job.owner_id, func.count(GpuLease.id)).join(Job, Job.id == GpuLease.job_id)
-            .where(Job.owner_id.in_(owner_ids), GpuLease.expires_at > now).group_by(Job.owner_id)).all())
+        self.held: dict[str, int] = leases.held_by_owners(session, owner_ids, now)
         limits = dict(session.execute(select(User.id, User.max_gpus).where(User.id.in_(owner_ids))).all())
         self.limit = {o: limits.get(o) or settings.max_gpus_per_user for o in owner_ids}
 
@@ -120,14 +119,9 @@ class _Owners:
         self.held[job.owner_id] = self.held.get(job.owner_id, 0) + planned_gpus(job)
 
 
-def _drop_expired(session: Session, gpu_ids: list[int], now: datetime) -> None:
-    if gpu_ids:
-        session.execute(delete(GpuLease).where(GpuLease.gpu_id.in_(gpu_ids), GpuLease.expires_at <= now))
-
-
 def _cards(session: Session, gpus: list[Gpu]) -> list[_Card]:
     cards = {g.id: _Card(g) for g in gpus}
-    for lease in session.scalars(select(GpuLease).where(GpuLease.gpu_id.in_(list(cards)))):
+    for lease in leases.on_gpus(session, cards):
         card = cards[lease.gpu_id]
         if lease.exclusive:
             card.exclusive_held = True
@@ -182,14 +176,10 @@ def _hold(cards: list[_Card], job: Job) -> None:
 
 
 def _grant(session: Session, job: Job, cards: list[_Card], now: datetime, settings: Settings) -> Grant:
-    session.execute(delete(GpuLease).where(GpuLease.job_id == job.id))  # a previous attempt's
     exclusive = not _shareable(job)
-    expires = now + timedelta(seconds=settings.lease_ttl_s)
-    for card in cards:
-        memory = card.gpu.memory_total_bytes if exclusive else int(job.planned_peak_gpu_bytes or 0)
-        session.add(GpuLease(gpu_id=card.gpu.id, job_id=job.id, exclusive=exclusive, memory_bytes=memory,
-                             created_at=now, heartbeat_at=now, expires_at=expires))
-    session.flush()
+    held = [(c.gpu.id, c.gpu.memory_total_bytes if exclusive else int(job.planned_peak_gpu_bytes or 0))
+            for c in cards]
+    leases.grant(session, job.id, held, exclusive, now, settings.lease_ttl_s)
     gpus = sorted((c.gpu for c in cards), key=lambda g: g.index)
     return Grant(gpu_ids=tuple(g.id for g in gpus), indices=tuple(g.index for g in gpus),
                  uuids=tuple(g.uuid for g in gpus), exclusive=exclusive)
@@ -197,24 +187,14 @@ def _grant(session: Session, job: Job, cards: list[_Card], now: datetime, settin
 
 def renew(session: Session, job_id: str, settings: Settings) -> int:
     """Push the job's leases' expiry forward; returns how many it still holds (0: they were lost)."""
-    now = utcnow()
-    result = session.execute(
-        update(GpuLease).where(GpuLease.job_id == job_id, GpuLease.expires_at > now)
-        .values(heartbeat_at=now, expires_at=now + timedelta(seconds=settings.lease_ttl_s))
-        .execution_options(synchronize_session=False))
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return leases.renew(session, job_id, utcnow(), settings.lease_ttl_s)
 
 
 def release(session: Session, job_id: str) -> int:
     """Drop every lease of the job; returns how many there were."""
-    result = session.execute(delete(GpuLease).where(GpuLease.job_id == job_id)
-                             .execution_options(synchronize_session=False))
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return leases.release(session, job_id)
 
 
 def expired_jobs(session: Session, now: datetime | None = None) -> list[str]:
     """Jobs holding only expired leases (their worker went silent)."""
-    now = now or utcnow()
-    expired = set(session.scalars(select(GpuLease.job_id).where(GpuLease.expires_at <= now)))
-    live = set(session.scalars(select(GpuLease.job_id).where(GpuLease.expires_at > now)))
-    return sorted(expired - live)
+    return leases.expired_jobs(session, now or utcnow())

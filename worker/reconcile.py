@@ -24,12 +24,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from sqlalchemy import delete, func, select
-
-from store import jobs
+from store import jobs, leases
 from store.base import utcnow
 from store.db import session_scope
-from store.models import GpuLease, Job, JobEvent
+from store.models import Job, JobEvent
 from store.states import ACTIVE, TERMINAL, JobStatus, transition
 from tunebox.gpus import host_name
 from worker import launcher, leasing
@@ -105,9 +103,7 @@ def _recover(url: str, job_id: str, host: str, settings: Settings, report: Repor
 
 
 def _still_lost(session: Session, job: Job, host: str) -> bool:
-    live = session.scalar(select(func.count()).select_from(GpuLease).where(
-        GpuLease.job_id == job.id, GpuLease.expires_at > utcnow()))
-    if not live:
+    if not leases.live_count(session, job.id, utcnow()):
         return True
     return job.worker_host == host and not worker_alive(job.worker_pid, job.updated_at)
 
@@ -147,9 +143,7 @@ def _drop_dead_leases(url: str) -> None:
     """Leases of jobs that no longer run (a worker died between its last write and the release)."""
     with session_scope(url) as s:
         without_process = TERMINAL | {JobStatus.QUEUED, JobStatus.PAUSED}
-        idle = select(Job.id).where(Job.status.in_([x.value for x in without_process]))
-        s.execute(delete(GpuLease).where(GpuLease.job_id.in_(idle)).execution_options(
-            synchronize_session=False))
+        leases.drop_of_jobs_in(s, without_process)
 
 
 # --------------------------------------------------------------------------- orphaned processes
