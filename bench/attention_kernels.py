@@ -109,7 +109,7 @@ def measure(model: str, shape: tuple[int, int, int], batch: int, seq: int, examp
     row: dict[str, Any] = {"model": model, "batch": batch, "seq": seq, "heads": heads, "kv_heads": kv_heads,
                            "head_dim": head_dim, "examples": examples}
     # the causal FLOPs the planner counts: QK^T and AV over the lower half, forward; twice that backward
-    causal_flops = 2.0 * batch * heads * seq * seq * head_dim
+    causal_flops = causal_forward_flops(row)
     for name in ("causal", "masked"):
         fn = c[name]
 

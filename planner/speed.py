@@ -141,11 +141,16 @@ def _flops_per_token(facts: ModelFacts, s: Setup) -> tuple[float, float]:
     return _flops(facts, s.seq_len, s.attn_implementation, s.method)
 
 
+def _causal_attention_flops(facts: ModelFacts, seq_len: int) -> float:
+    """One layer's causal attention forward per token: half of QK^T and AV."""
+    return 2.0 * seq_len * facts.arch.q_dim
+
+
 @lru_cache(maxsize=1024)
 def _flops(facts: ModelFacts, seq_len: int, attn_implementation: str, method: str) -> tuple[float, float]:
     """(forward, backward) FLOPs per token of one GPU's micro-batch."""
     arch = facts.arch
-    attn = 2.0 * seq_len * arch.q_dim * arch.num_layers  # causal: half of QK^T and AV
+    attn = _causal_attention_flops(facts, seq_len) * arch.num_layers
     if attn_implementation == "eager":
         attn *= 2  # the masked half is computed too
     matmul = 2.0 * arch.matmul_params
@@ -174,7 +179,7 @@ def _masked_attention_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> f
         return 0.0
     arch = facts.arch
     fraction = C.MASKED_ATTENTION_RATE if arch.head_dim <= 128 else C.MASKED_ATTENTION_RATE_WIDE_HEADS
-    forward = 2.0 * s.seq_len * arch.q_dim * s.tokens_per_micro_batch  # one layer's causal FLOPs
+    forward = _causal_attention_flops(facts, s.seq_len) * s.tokens_per_micro_batch  # in one layer
     call = C.MASKED_ATTENTION_CALL_SECONDS + 3 * forward / (fraction * rates.flops)
     recompute = 1 + (C.MASKED_ATTENTION_FORWARD_SHARE if s.gradient_checkpointing else 0.0)
     return arch.num_layers * call * recompute
@@ -190,9 +195,9 @@ def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, f
         # each chunk of the loss is checkpointed: the backward runs the LM head's forward again
         flops += 2.0 * facts.arch.vocab_size * facts.arch.hidden_size * s.tokens_per_micro_batch
     timed = flops
-    if _masked_attention(s):
-        arch = facts.arch
-        timed -= 2.0 * s.seq_len * arch.q_dim * arch.num_layers * (forwards + 2) * s.tokens_per_micro_batch
+    if _masked_attention(s):  # forwards and a backward of twice a forward's FLOPs, every layer
+        timed -= (_causal_attention_flops(facts, s.seq_len) * facts.arch.num_layers * (forwards + 2)
+                  * s.tokens_per_micro_batch)
     if s.method == "qlora":
         # the decoder layers' 4-bit weights: every forward and the input's gradient multiply by a
         # freshly dequantized copy, more slowly than by a stored bf16 weight

@@ -16,9 +16,9 @@ from store.models import GpuLease, Job, JobEvent, User
 from store.status import ACTIVE, JobStatus
 
 __all__ = ["active_on_host", "active_without_live_lease", "attempt_of", "by_ids", "columns",
-           "count_by_status", "create", "exists", "latest_succeeded_on", "lock", "newest_first",
-           "queued_of_owner", "queued_unsent_since", "set_fields", "status_of", "succeeded_hosts",
-           "summaries", "using_dataset", "with_owner"]
+           "count_by_status", "count_with_status", "create", "exists", "latest_succeeded_on", "lock",
+           "newest_first", "queued_of_owner", "queued_unsent_since", "set_fields", "status_of",
+           "succeeded_hosts", "summaries", "using_dataset", "with_owner"]
 
 _ACTIVE = [s.value for s in ACTIVE]
 
@@ -148,6 +148,10 @@ _QUEUED_OF_OWNER = select(func.count()).select_from(
 def queued_of_owner(connection: Connection, owner_id: str, up_to: int) -> int:
     """How many queued jobs ``owner_id`` has, counted up to ``up_to``."""
     return int(connection.scalar(_QUEUED_OF_OWNER, {"owner_id": owner_id, "limit": up_to}) or 0)
+
+
+def count_with_status(session: Session, status: JobStatus) -> int:
+    return int(session.scalar(select(func.count()).select_from(Job).where(Job.status == status)) or 0)
 
 
 def count_by_status(session: Session) -> dict[str, int]:

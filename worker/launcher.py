@@ -156,7 +156,14 @@ def build_run_file(session: Session, job: Job, grant: Grant, settings: Settings)
     }
 
 
-_OFFLOAD_BLOCKS = ("offload_optimizer", "offload_param")
+def _nvme_blocks(ds_config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The config's offload blocks that swap to an NVMe folder, by name."""
+    zero = ds_config.get("zero_optimization")
+    if not isinstance(zero, dict):
+        return {}
+    return {name: block for name in ("offload_optimizer", "offload_param")
+            if isinstance(block := zero.get(name), dict) and block.get("device") == "nvme"
+            and block.get("nvme_path")}
 
 
 def with_job_swap(ds_config: dict[str, Any], job_id: str) -> dict[str, Any]:
@@ -164,22 +171,17 @@ def with_job_swap(ds_config: dict[str, Any], job_id: str) -> dict[str, Any]:
     under the plan's ``nvme_path``: two jobs on one box never share swap files, and the worker
     removes the job's when its run ends (``job_swap_dirs``). A checkpoint carries a copy of the
     optimizer's swap files, so a resumed run needs none of the old ones."""
-    zero = ds_config.get("zero_optimization")
-    if not isinstance(zero, dict):
+    blocks = _nvme_blocks(ds_config)
+    if not blocks:
         return ds_config
-    moved = dict(zero)
-    for name in _OFFLOAD_BLOCKS:
-        block = zero.get(name)
-        if isinstance(block, dict) and block.get("device") == "nvme" and block.get("nvme_path"):
-            moved[name] = {**block, "nvme_path": str(Path(block["nvme_path"]) / job_id)}
-    return {**ds_config, "zero_optimization": moved}
+    moved = {name: {**block, "nvme_path": str(Path(block["nvme_path"]) / job_id)}
+             for name, block in blocks.items()}
+    return {**ds_config, "zero_optimization": {**ds_config["zero_optimization"], **moved}}
 
 
 def job_swap_dirs(ds_config: dict[str, Any]) -> list[Path]:
     """The NVMe swap folders a run's DeepSpeed config writes into."""
-    zero = ds_config.get("zero_optimization") or {}
-    return sorted({Path(b["nvme_path"]) for b in (zero.get(n) for n in _OFFLOAD_BLOCKS)
-                   if isinstance(b, dict) and b.get("device") == "nvme" and b.get("nvme_path")})
+    return sorted({Path(block["nvme_path"]) for block in _nvme_blocks(ds_config).values()})
 
 
 def gpu_memory_limit(plan: dict[str, Any], grant: Grant, settings: Settings) -> int | None:

@@ -186,7 +186,7 @@ def queue(session: Session, user: Principal, settings: Settings, limit: int) -> 
              for job, name in rows[:limit]]
     more = 0
     if len(rows) > limit:
-        more = jobs.count_by_status(session).get(JobStatus.QUEUED.value, 0) - limit
+        more = jobs.count_with_status(session, JobStatus.QUEUED) - limit
     return Queue(items=items, more=more)
 
 
