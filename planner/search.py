@@ -168,10 +168,9 @@ def knob_variants(
     backward of the module that started it ends, so the buffers hold one decoder layer's swapped
     tensors and one more (the jobs that failed with fewer, or smaller, buffers:
     ``bench/results/nvme-offload``). That holds only without prefetching: DeepSpeed's NVMe prefetch
-    takes every free buffer for the parameters its trace expects next, and a fetch of any other
-    then finds none ("Not enough buffers 0 for swapping 1", with the held layer's seven tensors and
-    one prefetched one in the eight buffers), so ``points`` runs parameters on NVMe without a
-    prefetch bucket unless the spec sets one.
+    takes every free buffer for the parameters its trace expects next, and a fetch of any other then
+    finds none, so ``points`` runs parameters on NVMe without a prefetch bucket unless the spec sets
+    one.
     """
     if stage == 0:
         return (knobs,)
