@@ -36,6 +36,7 @@ if __package__ in (None, ""):
 
 from bench.cases import MODELS  # noqa: E402
 from planner.arch import arch_from_config  # noqa: E402
+from planner.speed import head_dim_band  # noqa: E402
 
 DEFAULT_MODELS = ["qwen2.5-1.5b", "llama-3.2-3b", "gemma-2-2b", "qwen2.5-7b", "llama-3.1-8b"]
 
@@ -128,14 +129,6 @@ def causal_forward_flops(row: dict[str, Any]) -> float:
     """The causal FLOPs of one call's forward, as the planner counts them (QK^T and AV over the
     lower half of the square)."""
     return 2.0 * row["batch"] * row["heads"] * row["seq"] ** 2 * row["head_dim"]
-
-
-#: head dimensions the planner keeps a masked rate for: up to 128 (most families) and above (Gemma)
-HEAD_DIM_BANDS = (128, 256)
-
-
-def head_dim_band(head_dim: int) -> int:
-    return HEAD_DIM_BANDS[0] if head_dim <= HEAD_DIM_BANDS[0] else HEAD_DIM_BANDS[1]
 
 
 def fit(rows: list[dict[str, Any]], matmul_tflops: float) -> dict[str, float]:

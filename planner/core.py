@@ -166,6 +166,7 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
     rates = GpuRates(
         flops=figures.gpu_flops.value,
         pcie_bytes_per_s=figures.pcie_bytes_per_s.value,
+        memory_bytes_per_s=figures.gpu_memory_bandwidth.value,
         step_time_factor=figures.step_time_factor.value,
         host_clock_factor=figures.host_clock_factor.value,
     )

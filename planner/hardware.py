@@ -187,6 +187,7 @@ class ResolvedHardware:
     gpu_memory_bytes: Figure
     gpu_flops: Figure
     pcie_bytes_per_s: Figure
+    gpu_memory_bandwidth: Figure
     host_memory_bytes: Figure
     nvme_bytes: Figure
     step_time_factor: Figure
@@ -238,6 +239,17 @@ def _pcie(hw: HardwareSpec, card: GpuCard | None) -> Figure:
     return Figure(rate, "catalogue", detail)
 
 
+def _bandwidth(hw: HardwareSpec, card: GpuCard | None) -> Figure:
+    """The card's memory bandwidth: the memory-bound kernels' bytes move at it."""
+    if hw.gpu_memory_bandwidth_gbps is not None:
+        return Figure(hw.gpu_memory_bandwidth_gbps * 1e9, _given(hw, "gpu_memory_bandwidth_gbps"))
+    if card is None:
+        ref = reference_card()
+        detail = f"the planner's calibration card, {ref.name}"
+        return Figure(ref.memory_bandwidth_gbps * 1e9, "default", detail)
+    return Figure(card.memory_bandwidth_gbps * 1e9, "catalogue", card.source)
+
+
 def _factor(hw: HardwareSpec, field: str) -> Figure:
     value = getattr(hw, field)
     if value is None:
@@ -260,6 +272,7 @@ def resolve_hardware(hw: HardwareSpec, precision: str = "bf16") -> ResolvedHardw
         gpu_memory_bytes=memory,
         gpu_flops=_flops(hw, card, precision),
         pcie_bytes_per_s=_pcie(hw, card),
+        gpu_memory_bandwidth=_bandwidth(hw, card),
         host_memory_bytes=Figure(hw.host_memory_bytes, _given(hw, "host_memory_bytes")),
         nvme_bytes=Figure(hw.nvme_bytes, _given(hw, "nvme_bytes")),
         step_time_factor=_factor(hw, "step_time_factor"),
@@ -282,6 +295,7 @@ def planned_hardware(r: ResolvedHardware) -> PlannedHardware:
         gpu_memory_bytes=_out(r.gpu_memory_bytes, "bytes"),
         gpu_flops=_out(r.gpu_flops, "FLOP/s"),
         pcie_bytes_per_s=_out(r.pcie_bytes_per_s, "bytes/s"),
+        gpu_memory_bandwidth=_out(r.gpu_memory_bandwidth, "bytes/s"),
         host_memory_bytes=_out(r.host_memory_bytes, "bytes"),
         nvme_bytes=_out(r.nvme_bytes, "bytes"),
         step_time_factor=_out(r.step_time_factor, "ratio"),

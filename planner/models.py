@@ -215,6 +215,7 @@ class PlannedHardware(_Out):
     gpu_memory_bytes: HardwareFigure
     gpu_flops: HardwareFigure  # the dense tensor rate the step-time constants scale (FLOP/s)
     pcie_bytes_per_s: HardwareFigure  # the effective offload rate
+    gpu_memory_bandwidth: HardwareFigure  # the memory-bound kernels' rate (bytes/s)
     host_memory_bytes: HardwareFigure
     nvme_bytes: HardwareFigure
     step_time_factor: HardwareFigure

@@ -150,6 +150,8 @@ class HardwareSpec(_Strict):
     gpu_name: Annotated[str, Field(max_length=128)] | None = None
     gpu_bf16_tflops: Annotated[float, Field(gt=0, le=100_000)] | None = None
     pcie_gbps: Annotated[float, Field(gt=0, le=10_000)] | None = None
+    #: the card's memory bandwidth (GB/s); None: the catalogue's figure for ``gpu_name``
+    gpu_memory_bandwidth_gbps: Annotated[float, Field(gt=0, le=1_000_000)] | None = None
     nvme_path: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     #: Free bytes of the disk where job folders (and their checkpoints) live; None: not checked.
     #: The service fills it in for its own box.

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner import constants as C
+from planner.hardware import reference_card
 from planner.memory import ModelFacts, moment_bytes_per_param, weight_bytes
 from planner.ops import layer_modules, layer_ops
 from planner.setup import Setup
@@ -45,6 +46,7 @@ __all__ = [
     "SpeedEstimate",
     "StepTerms",
     "estimate_speed",
+    "head_dim_band",
     "host_clock_factor",
     "overlapped",
     "step_phases",
@@ -57,6 +59,8 @@ __all__ = [
 class GpuRates:
     flops: float = C.DEFAULT_GPU_FLOPS
     pcie_bytes_per_s: float = C.PCIE_BYTES_PER_S
+    #: the card's memory bandwidth, at which the memory-bound kernels move their bytes
+    memory_bytes_per_s: float = reference_card().memory_bandwidth_gbps * 1e9
     #: This box's measured over planned step time, learned from its finished jobs (1: none yet).
     #: The host clock (Python hooks, launches, the CPU optimizer) runs at the host CPU's speed,
     #: which differs from box to box; the factor scales every part of the step alike.
@@ -167,6 +171,14 @@ def _mfu_scale(facts: ModelFacts, s: Setup) -> float:
     return dim / (dim + C.MATMUL_HALF_EFFICIENCY_DIM) if dim > 0 else 1.0
 
 
+#: head dimensions the masked kernel's rate is measured for: up to 128 (most families) and above (Gemma)
+HEAD_DIM_BANDS = (128, 256)
+
+
+def head_dim_band(head_dim: int) -> int:
+    return HEAD_DIM_BANDS[0] if head_dim <= HEAD_DIM_BANDS[0] else HEAD_DIM_BANDS[1]
+
+
 def _masked_attention(s: Setup) -> bool:
     return s.attention_mask and s.attn_implementation == "sdpa"
 
@@ -178,7 +190,8 @@ def _masked_attention_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> f
     if not _masked_attention(s):
         return 0.0
     arch = facts.arch
-    fraction = C.MASKED_ATTENTION_RATE if arch.head_dim <= 128 else C.MASKED_ATTENTION_RATE_WIDE_HEADS
+    narrow = head_dim_band(arch.head_dim) == HEAD_DIM_BANDS[0]
+    fraction = C.MASKED_ATTENTION_RATE if narrow else C.MASKED_ATTENTION_RATE_WIDE_HEADS
     forward = _causal_attention_flops(facts, s.seq_len) * s.tokens_per_micro_batch  # in one layer
     call = C.MASKED_ATTENTION_CALL_SECONDS + 3 * forward / (fraction * rates.flops)
     recompute = 1 + (C.MASKED_ATTENTION_FORWARD_SHARE if s.gradient_checkpointing else 0.0)

@@ -124,9 +124,10 @@ def _print_hardware(plan: dict[str, Any], out: TextIO) -> None:
     if not hw:
         return
     card = hw["card"] or f"{hw['gpu_name'] or 'no named card'} (not in the GPU catalogue)"
-    f, p = hw["gpu_flops"], hw["pcie_bytes_per_s"]
+    f, p, b = hw["gpu_flops"], hw["pcie_bytes_per_s"], hw["gpu_memory_bandwidth"]
     print(f"planned for: {card}; memory from {hw['gpu_memory_bytes']['source']}, "
-          f"{f['value'] / 1e12:.0f} TFLOPS from {f['source']}, PCIe {p['value'] / 1e9:.1f} GB/s from "
+          f"{f['value'] / 1e12:.0f} TFLOPS from {f['source']}, memory bandwidth {b['value'] / 1e9:.0f} GB/s "
+          f"from {b['source']}, PCIe {p['value'] / 1e9:.1f} GB/s from "
           f"{p['source']}, step-time factor {hw['step_time_factor']['value']:.2f} from "
           f"{hw['step_time_factor']['source']}, memory correction "
           f"{hw['gpu_memory_correction']['value']:.2f} from {hw['gpu_memory_correction']['source']}",

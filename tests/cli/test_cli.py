@@ -114,6 +114,8 @@ def test_plan_locally_with_flags_and_json(roots: tuple[Path, Path], tmp_path: Pa
     assert main(["plan", str(path), "--gpus", "1", "--gpu-memory-gib", "24", "--host-memory-gib", "64"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("fits: yes") and "per GPU:" in out and "tokens/s" in out
+    # no card named: the calibration card's figures, each with where it came from
+    assert "790 TFLOPS from default, memory bandwidth 4800 GB/s from default" in out
     path.write_text(json.dumps({**spec, "hardware": BOX}))
     assert main(["plan", str(path), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)

@@ -120,6 +120,18 @@ def test_a_catalogue_cards_rate_memory_and_link_flow_into_the_plan() -> None:
     assert rtx.fits and rtx.estimated_step_seconds > 2 * h200.estimated_step_seconds
 
 
+def test_the_cards_memory_bandwidth_comes_from_the_catalogue_the_spec_or_the_reference_card() -> None:
+    h100 = plan(_seven_b_on("NVIDIA H100 80GB HBM3")).hardware
+    assert h100 is not None and h100.gpu_memory_bandwidth.source == "catalogue"
+    assert h100.gpu_memory_bandwidth.value == 3350e9
+    given = plan(_what_if("NVIDIA H100 80GB HBM3", gpu_memory_bandwidth_gbps=3000.0)).hardware
+    assert given is not None and given.gpu_memory_bandwidth.source == "spec"
+    assert given.gpu_memory_bandwidth.value == 3000e9
+    default = plan(job()).hardware
+    assert default is not None and default.gpu_memory_bandwidth.source == "default"
+    assert default.gpu_memory_bandwidth.value == reference_card().memory_bandwidth_gbps * 1e9
+
+
 def test_given_memory_wins_over_the_catalogue_and_says_so() -> None:
     result = plan(_what_if("NVIDIA GeForce RTX 4090", gpu_memory_bytes=20 * GIB))
     assert result.hardware is not None
