@@ -1,0 +1,223 @@
+"""Where a training micro-step's GPU time goes: matmuls, attention, and the memory-bound rest.
+
+The planner times a micro-step's GPU work as its matmul FLOPs at a fraction of the card's tensor
+rate. The other kernels (norms, rotary embeddings, activations, residual adds, dropout, LoRA's
+scaling and sums, the loss over the vocabulary, eager attention's passes over its scores) do
+little arithmetic on many bytes: they run at the card's memory bandwidth, not its tensor rate. This
+measures them as the trainer runs them: the model built from its config the way the trainer loads it
+(bf16, the job's attention, ``worker._trainlib.modeling``'s checkpointing and LoRA), one forward and
+backward of the model's own loss on causal rows, under the profiler. Each CUDA kernel's device time
+goes to ``gemm`` (cuBLAS/CUTLASS matmuls), ``attention`` (the fused SDPA kernels) or ``other``.
+
+Each configuration runs with 1 and 3 decoder layers, so a layer's share and the rest (embedding,
+final norm, LM head and loss) separate: ``fit`` reads a report as the planner counts it.
+
+    python3 -m bench.step_kernels --out step-kernels.json [--model qwen2.5-0.5b ...]
+    python3 -m bench.step_kernels --fit REPORT --bandwidth-gbps 3350
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.cases import MODELS  # noqa: E402
+
+DEFAULT_MODELS = ["qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3.2-1b", "llama-3.2-3b", "gemma-2-2b",
+                  "qwen2.5-7b", "mistral-7b-v0.3"]
+#: (micro-batch, sequence length) of each timed micro-step
+SHAPES = [(1, 2048), (2, 2048), (1, 4096)]
+LAYERS = (1, 3)
+
+_GEMM = ("gemm", "nvjet", "cutlass", "xmma", "gemv", "splitkreduce", "cublas")
+_ATTENTION = ("flash", "fmha", "attention", "efficient_attention", "sdpa", "cudnn")
+
+
+def kernel_kind(name: str) -> str:
+    """``gemm``, ``attention`` or ``other`` for a CUDA kernel's name."""
+    low = name.lower()
+    if any(k in low for k in _ATTENTION) and "softmax" not in low:
+        return "attention"
+    if any(k in low for k in _GEMM):
+        return "gemm"
+    return "other"
+
+
+def classify(kernels: list[tuple[str, float]]) -> dict[str, Any]:
+    """Seconds per kind from (kernel name, seconds) pairs, and the ten costliest ``other`` kernels."""
+    out: dict[str, Any] = {"gemm_s": 0.0, "attention_s": 0.0, "other_s": 0.0}
+    others: dict[str, float] = {}
+    for name, seconds in kernels:
+        kind = kernel_kind(name)
+        out[f"{kind}_s"] += seconds
+        if kind == "other":
+            others[name] = others.get(name, 0.0) + seconds
+    out["top_other"] = [[n[:120], s] for n, s in sorted(others.items(), key=lambda x: -x[1])[:10]]
+    return out
+
+
+def attention_for(model: str, attn: str) -> str:
+    """The attention the service trains ``model`` with when the job asks for ``attn``: Gemma 2's
+    soft-capped logits need eager attention (``planner/core.py``)."""
+    return "eager" if MODELS[model]["model_type"] == "gemma2" else attn
+
+
+def _config(model: str, layers: int) -> dict[str, Any]:
+    cfg = dict(MODELS[model])
+    cfg["num_hidden_layers"] = layers
+    if "layer_types" in cfg:
+        cfg["layer_types"] = list(cfg["layer_types"])[:layers]
+    return cfg
+
+
+def build(model: str, layers: int, method: str, attn: str, checkpointing: bool, device: str = "cuda") -> Any:
+    """The model as the trainer has it: from its config in bf16 on the GPU, its attention, then
+    checkpointing and LoRA (the service's default adapter) in the trainer's order."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from planner.spec import LoraSpec
+    from worker._trainlib import modeling
+
+    cfg = dict(_config(model, layers))
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with torch.device(device):
+        m = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn)
+    m.config.use_cache = False
+    if method == "lora":
+        m.requires_grad_(False)
+    if checkpointing:
+        modeling.enable_checkpointing(m, method == "lora")
+    if method == "lora":
+        m = modeling.apply_lora(m, LoraSpec())
+    m.train()
+    return m
+
+
+def _device_kernels(prof: Any) -> list[tuple[str, float]]:
+    out = []
+    for evt in prof.events():
+        if str(getattr(evt, "device_type", "")).endswith("CUDA") and evt.name:
+            us = getattr(evt, "device_time", None)
+            if us is None:
+                us = getattr(evt, "cuda_time", 0.0)
+            out.append((evt.name, float(us) / 1e6))
+    return out
+
+
+def measure(m: Any, vocab: int, batch: int, seq: int, repeats: int) -> dict[str, Any]:
+    """One micro-step (forward and backward of the model's loss) under the profiler, per step."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(0, vocab, (batch, seq), device="cuda")
+
+    def step() -> None:
+        m(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            step()
+        torch.cuda.synchronize()
+    kinds = classify(_device_kernels(prof))
+    for k in ("gemm_s", "attention_s", "other_s"):
+        kinds[k] /= repeats
+    kinds["top_other"] = [[n, s / repeats] for n, s in kinds["top_other"]]
+    m.zero_grad(set_to_none=True)
+    return {"wall_s": statistics.median(walls), **kinds}
+
+
+def run(models: list[str], methods: list[str], attns: list[str], repeats: int,
+        done: Any = None) -> list[dict[str, Any]]:
+    """Every configuration's rows; ``done(rows)`` after each model's, so a run cut short keeps them."""
+    import gc
+
+    import torch
+
+    rows: list[dict[str, Any]] = []
+    for model in models:
+        for method in methods:
+            for attn in sorted({attention_for(model, a) for a in attns}):
+                for checkpointing in (True, False):
+                    for layers in LAYERS:
+                        m = build(model, layers, method, attn, checkpointing)
+                        for batch, seq in SHAPES:
+                            row = {"model": model, "method": method, "attn": attn,
+                                   "checkpointing": checkpointing, "layers": layers, "batch": batch,
+                                   "seq": seq, **measure(m, MODELS[model]["vocab_size"], batch, seq, repeats)}
+                            rows.append(row)
+                            print(model, method, attn, checkpointing, layers, batch, seq,
+                                  f"gemm {row['gemm_s'] * 1e3:.2f} attn {row['attention_s'] * 1e3:.2f} "
+                                  f"other {row['other_s'] * 1e3:.2f} wall {row['wall_s'] * 1e3:.2f} ms",
+                                  flush=True)
+                        del m
+                        gc.collect()
+                        torch.cuda.empty_cache()
+        if done is not None:
+            done(rows)
+    return rows
+
+
+def per_layer(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """Each configuration's ``key`` seconds split into one decoder layer's and the rest's (embedding,
+    final norm, head and loss), from its 1- and 3-layer rows."""
+    by = {}
+    for r in rows:
+        by[(r["model"], r["method"], r["attn"], r["checkpointing"], r["batch"], r["seq"], r["layers"])] = r
+    out = []
+    for (model, method, attn, ckpt, batch, seq, layers), r in sorted(by.items()):
+        if layers != LAYERS[0]:
+            continue
+        deep = by.get((model, method, attn, ckpt, batch, seq, LAYERS[1]))
+        if deep is None:
+            continue
+        layer = (deep[key] - r[key]) / (LAYERS[1] - LAYERS[0])
+        out.append({"model": model, "method": method, "attn": attn, "checkpointing": ckpt, "batch": batch,
+                    "seq": seq, "layer_s": layer, "rest_s": r[key] - LAYERS[0] * layer})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--model", nargs="+", default=DEFAULT_MODELS, choices=sorted(MODELS))
+    ap.add_argument("--method", nargs="+", default=["lora", "full"], choices=["lora", "full"])
+    ap.add_argument("--attn", nargs="+", default=["sdpa"], choices=["sdpa", "eager"])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    if not args.out:
+        ap.error("--out is needed")
+    import torch
+    import transformers
+
+    started = time.time()
+
+    def write(rows: list[dict[str, Any]]) -> None:
+        report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                  "transformers": transformers.__version__, "seconds": round(time.time() - started, 1),
+                  "rows": rows}
+        args.out.write_text(json.dumps(report, indent=1))
+
+    run(args.model, args.method, args.attn, args.repeats, done=write)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
