@@ -545,8 +545,8 @@ def cross_validation(rows: Sequence[Row]) -> list[str]:
 
 # --- step time: refit and cross-validation ------------------------------------------------------
 
+#: the fitted step-time constants (MFU is measured: bench/step_kernels.py)
 _SPEED_FIELDS = (
-    "mfu",
     "layer_op_s",
     "zero3_fetch_pass_s",
     "zero3_hook_pass_s",
@@ -571,7 +571,7 @@ class SpeedCase:
     phases: tuple[float, float] | None = None
 
 
-def _record_setup(spec: dict[str, Any]) -> tuple[Any, Setup]:
+def record_setup(spec: dict[str, Any]) -> tuple[Any, Setup]:
     p = prepare(spec)
     t, r = p.spec.training, p.spec.resources
     s = Setup(
@@ -598,7 +598,7 @@ def speed_cases(rows: Sequence[Row]) -> list[SpeedCase]:
         measured = row.measured("step_seconds")
         if row.status != "ok" or row.plan is None or measured is None:
             continue
-        p, s = _record_setup(row.record["spec"])
+        p, s = record_setup(row.record["spec"])
         out.append(SpeedCase(row.case, row.source, step_terms(p.facts, s, p.rates), measured, _phases(row)))
     return out
 
@@ -627,7 +627,8 @@ def _speed_start() -> tuple[float, ...]:
 
 def _speed_constants(x: Sequence[float]) -> SpeedConstants:
     low_high = ((s - _SPEED_LOG_RANGE, s + _SPEED_LOG_RANGE) for s in _speed_start())
-    return SpeedConstants(*(math.exp(min(max(v, lo), hi)) for v, (lo, hi) in zip(x, low_high, strict=True)))
+    values = (math.exp(min(max(v, lo), hi)) for v, (lo, hi) in zip(x, low_high, strict=True))
+    return SpeedConstants(**dict(zip(_SPEED_FIELDS, values, strict=True)))
 
 
 #: The weight of each timed phase's squared log error beside the whole step's, in the step-time fit.
@@ -991,7 +992,9 @@ def render(rows: Sequence[Row], sources: Sequence[Path], reports: Sequence[Path]
         *cross_validation(rows),
         "",
         "## Cross-validation of the step-time fit",
-        "A micro-step is the power mean (sum of t^(1/q))^q of the GPU clock (FLOPs / (rate x MFU)), "
+        "A micro-step is the power mean (sum of t^(1/q))^q of the GPU clock (matmul FLOPs / (rate x MFU), "
+        "the memory-bound kernels' bytes / bandwidth and masked attention at its kernel's rate, MFU and "
+        "the bytes measured kernel by kernel: bench/step_kernels.py), "
         "the host clock (per-layer costs, ZeRO-3's per-module hook costs, a gathered module's "
         "collective latency over several GPUs, times the host-clock factor where the run probed its "
         "host) and, with overlap_comm, the collectives and offload traffic; the optimizer step adds "
@@ -1038,12 +1041,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results", nargs="*", type=Path, help="JSON-lines files (default: bench/results/*.jsonl)"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "accuracy.md")
+    parser.add_argument("--refit-speed", action="store_true",
+                        help="print the step-time constants fitted on the calibration records, and stop")
     args = parser.parse_args(argv)
     sources = args.results or sorted((ROOT / "bench" / "results").glob("*.jsonl"))
     if not sources:
         print("no measurement records: run bench/measure.py on a GPU first", file=sys.stderr)
         return 1
     rows = plan_records(load_records(sources))
+    if args.refit_speed:
+        cases = speed_cases(split_groups(rows)[0])
+        fitted, current = fit_speed(cases), SpeedConstants()
+        for name in _SPEED_FIELDS:
+            print(f"{name} {getattr(fitted, name):.4g} (now {getattr(current, name):.4g})")
+        now = _stats([_speed_error(c, current) for c in cases])
+        print(f"{len(cases)} calibration records: step time now {now}; "
+              f"refit {_stats([_speed_error(c, fitted) for c in cases])}")
+        return 0
     args.out.parent.mkdir(parents=True, exist_ok=True)
     text = render(rows, sources, report_files())
     args.out.write_text(text, encoding="utf-8")

@@ -10,7 +10,10 @@ backward of the model's own loss on causal rows, under the profiler. Each CUDA k
 goes to ``gemm`` (cuBLAS/CUTLASS matmuls), ``attention`` (the fused SDPA kernels) or ``other``.
 
 Each configuration runs with 1 and 3 decoder layers, so a layer's share and the rest (embedding,
-final norm, LM head and loss) separate: ``fit`` reads a report as the planner counts it.
+final norm, LM head and loss) separate (``per_layer``). ``fit`` reads a report's ``other`` time as
+the planner counts it: the elements the memory-bound kernels pass over
+(``planner.speed.memory_bound_elements``), each kind at its own cost in bytes, at the card's
+bandwidth; it prints the planner's ``MEMORY_BYTES_*`` constants.
 
     python3 -m bench.step_kernels --out step-kernels.json [--model qwen2.5-0.5b ...]
     python3 -m bench.step_kernels --fit REPORT --bandwidth-gbps 3350
@@ -194,14 +197,92 @@ def per_layer(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     return out
 
 
+def row_spec(row: dict[str, Any]) -> dict[str, Any]:
+    """A bench row as a job spec: its model at the row's depth, the service's default adapter."""
+    return {"model": {"config": _config(row["model"], row["layers"])}, "method": row["method"],
+            "training": {"micro_batch_size": row["batch"], "gradient_accumulation_steps": 1,
+                         "seq_len": row["seq"], "gradient_checkpointing": row["checkpointing"],
+                         "attn_implementation": row["attn"]},
+            "resources": {"num_gpus": 1, "zero_stage": 0, "offload_optimizer": "none",
+                          "offload_param": "none"},
+            "hardware": {"gpu_count": 1, "gpu_memory_bytes": 80 * 2**30, "host_memory_bytes": 128 * 2**30}}
+
+
+#: the kind the planner counts in bytes itself (LoRA's adapters): not fitted
+COUNTED = "adapter_bytes"
+
+
+def elements(row: dict[str, Any]) -> dict[str, float]:
+    """What the row's memory-bound kernels pass over, as the planner counts it."""
+    from bench.accuracy import record_setup
+    from planner.speed import memory_bound_elements
+
+    p, s = record_setup(row_spec(row))
+    return memory_bound_elements(p.facts, s)
+
+
+def fit(rows: list[dict[str, Any]], bandwidth_gbps: float) -> dict[str, float]:
+    """Bytes per element of each kind, least squares on the relative error of every row's ``other``
+    seconds at ``bandwidth_gbps``; kinds no row exercises are left out."""
+    import numpy as np
+
+    counted = [elements(r) for r in rows]
+    kinds = [k for k in counted[0] if k != COUNTED and any(c[k] for c in counted)]
+    rate = bandwidth_gbps * 1e9
+    design = np.array([[c[k] for k in kinds] for c in counted]) / rate
+    seconds = np.array([r["other_s"] - c[COUNTED] / rate for r, c in zip(rows, counted, strict=True)])
+    coef = np.linalg.lstsq(design / seconds[:, None], np.ones(len(rows)), rcond=None)[0]
+    return {k: float(v) for k, v in zip(kinds, coef, strict=True)}
+
+
+def matmul_efficiency(rows: list[dict[str, Any]], matmul_tflops: float) -> float:
+    """The median over the rows of the matmul FLOPs the planner counts (attention's causal FLOPs
+    left out where SDPA's fused kernel runs them) over the matmul kernels' time, as a fraction of
+    the card's bf16 matmul rate: the planner's ``MFU`` as these kernels ran."""
+    from bench.accuracy import record_setup
+    from planner.speed import GpuRates, causal_attention_flops, step_terms
+
+    out = []
+    for r in rows:
+        p, s = record_setup(row_spec(r))
+        flops = step_terms(p.facts, s, GpuRates()).flops_per_micro
+        if s.attn_implementation != "eager":
+            passes = (2 if s.gradient_checkpointing else 1) + 2
+            flops -= causal_attention_flops(p.facts, s.seq_len) * p.facts.arch.num_layers * passes * \
+                s.tokens_per_micro_batch
+        out.append(flops / r["gemm_s"] / (matmul_tflops * 1e12))
+    return statistics.median(out)
+
+
+def predicted(row: dict[str, Any], per_element: dict[str, float], bandwidth_gbps: float) -> float:
+    counted = elements(row)
+    fitted = sum(per_element.get(k, 0.0) * n for k, n in counted.items() if k != COUNTED)
+    return (fitted + counted[COUNTED]) / (bandwidth_gbps * 1e9)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--fit", type=Path, metavar="REPORT", help="print the planner's constants from a report")
+    ap.add_argument("--bandwidth-gbps", type=float, help="the card's datasheet memory bandwidth (with --fit)")
+    ap.add_argument("--matmul-tflops", type=float, help="the card's bf16 matmul rate (with --fit)")
     ap.add_argument("--model", nargs="+", default=DEFAULT_MODELS, choices=sorted(MODELS))
     ap.add_argument("--method", nargs="+", default=["lora", "full"], choices=["lora", "full"])
     ap.add_argument("--attn", nargs="+", default=["sdpa"], choices=["sdpa", "eager"])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    if args.fit:
+        if not args.bandwidth_gbps:
+            ap.error("--fit needs --bandwidth-gbps")
+        rows = json.loads(args.fit.read_text())["rows"]
+        per_element = fit(rows, args.bandwidth_gbps)
+        print(json.dumps({k: round(v, 2) for k, v in per_element.items()}, indent=1))
+        errors = sorted(predicted(r, per_element, args.bandwidth_gbps) / r["other_s"] - 1 for r in rows)
+        print(f"{len(rows)} rows: median |error| {statistics.median(abs(e) for e in errors):.1%}, "
+              f"from {errors[0]:+.1%} to {errors[-1]:+.1%}")
+        if args.matmul_tflops:
+            print(f"MFU {matmul_efficiency(rows, args.matmul_tflops):.3f}")
+        return 0
     if not args.out:
         ap.error("--out is needed")
     import torch

@@ -5,12 +5,20 @@ lookup not) plus causal attention, 2·seq·q_dim per layer; backward costs twice
 fine-tuning and once for frozen weights (LoRA computes input gradients only); recomputation under
 gradient checkpointing adds one more forward.
 
+The other kernels (norms, rotary embeddings, activations, residual adds, dropout, LoRA's scaling
+and sums, the loss over the vocabulary, eager attention's passes over its scores, the embedding's
+gradient) do little arithmetic on many bytes: they run at the card's memory bandwidth. Their bytes
+are counted per element they pass over (``memory_bound_elements``), at a cost per element measured
+kernel by kernel as the trainer builds the model (``bench/step_kernels.py``), and timed at the
+card's bandwidth beside the matmuls.
+
 Rows that carry an attention mask (packed sequences, padding) under SDPA run its memory-efficient
 kernel on k/v repeated to every head, which computes the whole square and gets through the causal
 FLOPs at a fraction of the matmuls' rate: their attention is timed apart, at that kernel's measured
 rate and fixed cost per call (``bench/attention_kernels.py``), and stays out of the MFU-timed FLOPs.
 
-A micro-step takes two clocks: the GPU's (FLOPs at the GPU's rate × MFU) and the host's (a cost
+A micro-step takes two clocks: the GPU's (matmul FLOPs at the GPU's rate × MFU, the memory-bound
+kernels' bytes at its bandwidth, masked attention at its kernel's rate) and the host's (a cost
 per operation the decoder layers dispatch, ``planner/ops.py``: Python, autograd and the kernel
 launch; ZeRO-3's fetch/release hooks per module, plus the all-gather/reduce-scatter
 synchronisation of each module when ZeRO-3 spans several GPUs). The host queues kernels ahead of
@@ -46,7 +54,10 @@ __all__ = [
     "SpeedEstimate",
     "StepTerms",
     "estimate_speed",
+    "causal_attention_flops",
     "head_dim_band",
+    "memory_bound_bytes",
+    "memory_bound_elements",
     "host_clock_factor",
     "overlapped",
     "step_phases",
@@ -119,6 +130,7 @@ class StepTerms:
     accumulation: int
     gpu_seconds_at_full_rate: float  # one micro-step's FLOPs at 100% of the GPU's rate
     masked_attention_seconds: float  # its masked SDPA calls at their kernel's measured rate (0: causal)
+    memory_bound_seconds: float  # its memory-bound kernels' bytes at the card's bandwidth
     layer_ops: int  # operations the decoder layers dispatch in one micro-step (planner/ops.py)
     quantized_forwards: int  # 4-bit linears' forward calls in one micro-step (QLoRA; 0 otherwise)
     quantized_backwards: int  # and their backward calls
@@ -145,7 +157,7 @@ def _flops_per_token(facts: ModelFacts, s: Setup) -> tuple[float, float]:
     return _flops(facts, s.seq_len, s.attn_implementation, s.method)
 
 
-def _causal_attention_flops(facts: ModelFacts, seq_len: int) -> float:
+def causal_attention_flops(facts: ModelFacts, seq_len: int) -> float:
     """One layer's causal attention forward per token: half of QK^T and AV."""
     return 2.0 * seq_len * facts.arch.q_dim
 
@@ -154,7 +166,7 @@ def _causal_attention_flops(facts: ModelFacts, seq_len: int) -> float:
 def _flops(facts: ModelFacts, seq_len: int, attn_implementation: str, method: str) -> tuple[float, float]:
     """(forward, backward) FLOPs per token of one GPU's micro-batch."""
     arch = facts.arch
-    attn = _causal_attention_flops(facts, seq_len) * arch.num_layers
+    attn = causal_attention_flops(facts, seq_len) * arch.num_layers
     if attn_implementation == "eager":
         attn *= 2  # the masked half is computed too
     matmul = 2.0 * arch.matmul_params
@@ -192,10 +204,72 @@ def _masked_attention_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> f
     arch = facts.arch
     narrow = head_dim_band(arch.head_dim) == HEAD_DIM_BANDS[0]
     fraction = C.MASKED_ATTENTION_RATE if narrow else C.MASKED_ATTENTION_RATE_WIDE_HEADS
-    forward = _causal_attention_flops(facts, s.seq_len) * s.tokens_per_micro_batch  # in one layer
+    forward = causal_attention_flops(facts, s.seq_len) * s.tokens_per_micro_batch  # in one layer
     call = C.MASKED_ATTENTION_CALL_SECONDS + 3 * forward / (fraction * rates.flops)
     recompute = 1 + (C.MASKED_ATTENTION_FORWARD_SHARE if s.gradient_checkpointing else 0.0)
     return arch.num_layers * call * recompute
+
+
+def _norm_elements(facts: ModelFacts) -> int:
+    """Elements one token's pass through a decoder layer's norms covers: the hidden state for each
+    hidden-sized norm, the queries and keys for per-head q/k norms (Qwen3)."""
+    arch = facts.arch
+    hidden = sum(1 for n in arch.norm_sizes if n == arch.hidden_size)
+    heads = arch.q_dim + arch.kv_dim if len(arch.norm_sizes) > hidden else 0
+    return hidden * arch.hidden_size + heads
+
+
+#: A LoRA adapter's bytes per element of its input and of its output (bf16: 2 bytes), counted from its
+#: kernels. Forward: on the input, dropout reads it and writes it and a one-byte mask (5); on the
+#: output, the scaling reads and writes (4) and the sum reads two and writes one (6). Backward: on
+#: the input, dropout's reads the gradient and the mask and writes (5) and the input's two gradients
+#: are summed (6); on the output, the scaling's reads and writes (4).
+ADAPTER_FORWARD_BYTES = (5, 10)
+ADAPTER_BACKWARD_BYTES = (11, 4)
+
+
+def _adapter_bytes(facts: ModelFacts, per: tuple[int, int]) -> int:
+    if facts.lora is None:
+        return 0
+    return sum(per[0] * lin.in_features + per[1] * lin.out_features for lin in facts.lora.layer_linears)
+
+
+def memory_bound_elements(facts: ModelFacts, s: Setup) -> dict[str, float]:
+    """What one micro-step's memory-bound kernels pass over, per ``MEMORY_BYTES_*`` constant: a
+    decoder layer's hidden state in each forward (twice under checkpointing) and in the backward,
+    its norms' elements in each forward, eager attention's scores (heads × sequence per token) in
+    each forward and the backward, the logits (soft-capped ones again), and, when the embedding
+    trains, its gradient once; ``adapter_bytes`` counts the LoRA adapters' bytes themselves."""
+    arch = facts.arch
+    tokens, layers = s.tokens_per_micro_batch, arch.num_layers
+    forwards = (2 if s.gradient_checkpointing else 1) * tokens * layers
+    scores = arch.num_heads * s.seq_len if s.attn_implementation == "eager" else 0
+    vocabulary = tokens * arch.vocab_size
+    return {
+        "layer_forward": forwards * arch.hidden_size,
+        "layer_backward": tokens * layers * arch.hidden_size,
+        "norm_forward": forwards * _norm_elements(facts),
+        "adapter_bytes": forwards * _adapter_bytes(facts, ADAPTER_FORWARD_BYTES)
+        + tokens * layers * _adapter_bytes(facts, ADAPTER_BACKWARD_BYTES),
+        "scores_forward": forwards * scores,
+        "scores_backward": tokens * layers * scores,
+        "logits": vocabulary,
+        "logit_softcap": vocabulary if arch.final_logit_softcapping is not None else 0,
+        "embedding_gradient": arch.embedding_params if s.method == "full" else 0,
+    }
+
+
+def _bytes_per_element(kind: str) -> float:
+    if kind == "adapter_bytes":
+        return 1.0
+    value: float = getattr(C, f"MEMORY_BYTES_{kind.upper()}")
+    return value
+
+
+def memory_bound_bytes(facts: ModelFacts, s: Setup) -> float:
+    """Bytes one micro-step's memory-bound kernels move, at each kind's measured cost per element
+    (``MEMORY_BYTES_*``: bytes at the card's datasheet bandwidth)."""
+    return sum(_bytes_per_element(k) * n for k, n in memory_bound_elements(facts, s).items())
 
 
 def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, float]:
@@ -209,7 +283,7 @@ def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, f
         flops += 2.0 * facts.arch.vocab_size * facts.arch.hidden_size * s.tokens_per_micro_batch
     timed = flops
     if _masked_attention(s):  # forwards and a backward of twice a forward's FLOPs, every layer
-        timed -= (_causal_attention_flops(facts, s.seq_len) * facts.arch.num_layers * (forwards + 2)
+        timed -= (causal_attention_flops(facts, s.seq_len) * facts.arch.num_layers * (forwards + 2)
                   * s.tokens_per_micro_batch)
     if s.method == "qlora":
         # the decoder layers' 4-bit weights: every forward and the input's gradient multiply by a
@@ -323,6 +397,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         accumulation=s.gradient_accumulation_steps,
         gpu_seconds_at_full_rate=gpu,
         masked_attention_seconds=_masked_attention_seconds(facts, s, rates),
+        memory_bound_seconds=memory_bound_bytes(facts, s) / rates.memory_bytes_per_s,
         layer_ops=facts.arch.num_layers * ops.per_micro_step(s.gradient_checkpointing),
         quantized_forwards=quantized * (s.passes - 1),
         quantized_backwards=quantized,
@@ -372,7 +447,8 @@ def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
         + t.quantized_backwards * k.qlora_backward_s
     )
     q = k.clock_overlap_zero12 if t.zero12 else k.clock_overlap
-    compute = overlapped(q, t.gpu_seconds_at_full_rate / k.mfu + t.masked_attention_seconds, host)
+    gpu = t.gpu_seconds_at_full_rate / k.mfu + t.masked_attention_seconds + t.memory_bound_seconds
+    compute = overlapped(q, gpu, host)
     cpu_rate = (
         k.cpu_optimizer_s_per_param_zero3 if t.cpu_optimizer_zero3 else k.cpu_optimizer_s_per_param_zero12
     )

@@ -93,6 +93,28 @@ def test_the_masked_attention_constants_are_what_the_kernel_record_fits() -> Non
         assert CALIBRATION[name].records == CALIBRATION["MASKED_ATTENTION_RATE"].records
 
 
+def test_the_memory_bound_constants_and_mfu_are_what_the_kernel_record_fits() -> None:
+    """Each kind's bytes per element and the matmuls' MFU are ``bench/step_kernels.py``'s fit of its
+    record: the memory-bound kernels at the card's datasheet bandwidth, the matmul kernels against
+    the rate the box's probe gave the planner in the same device call."""
+    from bench.step_kernels import fit, matmul_efficiency
+    from planner.hardware import find_card
+
+    record = CALIBRATION["MEMORY_BYTES_LOGITS"].records[0]
+    report = json.loads((RESULTS / record).read_text())
+    card = find_card(report["device"])
+    assert card is not None and len(report["rows"]) == 144
+    fitted = fit(report["rows"], card.memory_bandwidth_gbps)
+    names = [n for n in CALIBRATION.constants if n.startswith("MEMORY_BYTES_")]
+    assert sorted(n.removeprefix("MEMORY_BYTES_").lower() for n in names) == sorted(fitted)
+    for name in names:
+        assert CALIBRATION[name].records == (record,)
+        assert abs(getattr(constants, name) / fitted[name.removeprefix("MEMORY_BYTES_").lower()] - 1) < 0.005
+    phase = json.loads((RESULTS / CALIBRATION["MFU"].records[1]).read_text())["phases"]["heldout8"]
+    rate = phase["gpus"]["boxes"][0]["planned_from_probe"]["gpu_bf16_tflops"]
+    assert abs(constants.MFU / matmul_efficiency(report["rows"], rate) - 1) < 0.005
+
+
 def _structure_jobs(name: str) -> list[tuple[str, dict[str, object], dict[str, object]]]:
     """(ident, job record, box) of each job a structural term names as its evidence."""
     from bench.field_cases import measured_jobs, record_names
