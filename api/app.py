@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,7 +16,7 @@ from api.auth.service import TokenCache
 from api.catalogue.router import router as catalogue_router
 from api.dashboard import install as install_dashboard
 from api.datasets.router import router as datasets_router
-from api.db import THREADS, close_async_reads, open_async_reads, open_database
+from api.db import SUBMIT_THREADS, THREADS, close_async_reads, open_async_reads, open_database
 from api.errors import document_problems, install_handlers
 from api.gpus.router import router as gpus_router
 from api.jobs.router import queue_router
@@ -65,6 +66,9 @@ def create_app(
         anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS
         state.db_slots = anyio.Semaphore(db.slots)  # made here: it belongs to the serving loop
         state.async_reads = open_async_reads(settings.resolved_database_url)  # so does this pool
+        # the threads a submission runs in (api.deps.in_thread): its checks, plan, INSERTs, commit, enqueue
+        submit_threads = state.submit_threads = ThreadPoolExecutor(SUBMIT_THREADS,
+                                                                   thread_name_prefix="tunebox-submit")
         # this box's host clock is probed in a child process, once; plans read the figure
         threading.Thread(target=box_host_clock, args=(settings,), name="host-clock-probe",
                          daemon=True).start()
@@ -73,6 +77,9 @@ def create_app(
         finally:
             await close_async_reads(state.async_reads)
             state.async_reads = None
+            if state.submit_threads is submit_threads:  # not another lifespan's, run meanwhile
+                state.submit_threads = None
+            submit_threads.shutdown(wait=True)
             db.dispose()
 
     app = FastAPI(title="tunebox", version="0.1.0", openapi_url="/openapi.json", lifespan=lifespan,
@@ -84,6 +91,7 @@ def create_app(
     state.sessions = db.sessions
     state.read_sessions = db.reads
     state.enqueue = enqueue
+    state.submit_threads = None  # until the lifespan starts: submissions take anyio's threads
     state.worker_watch = WorkerWatch()
     state.worker_problem = worker_problem or (lambda: None)
     state.token_cache = TokenCache(token_cache_ttl_s)

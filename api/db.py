@@ -28,6 +28,10 @@ POOL_SIZE = 12
 # Threads for blocking work: a few are enough on a small box, and fewer runnable threads contend
 # less for the GIL than anyio's default of 40.
 THREADS = 8
+# Threads a process runs submissions in (api.deps.in_thread). A submission is mostly CPU under one
+# GIL, with a few database round trips: three keep the process busy while one waits, and fewer
+# threads handing the GIL to each other cost less CPU (docs/benchmarks.md, fifth round).
+SUBMIT_THREADS = 3
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,12 @@ the response is sent) and rolls back on an error; callbacks registered with :fun
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Executor
+from functools import partial
 from typing import Annotated, Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
@@ -34,7 +37,8 @@ _AFTER_COMMIT = "after_commit"
 _DONE = "finished"
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
+    # async: FastAPI runs a plain function dependency in a worker thread, a hop for an attribute read
     settings: Settings = request.app.state.settings
     return settings
 
@@ -97,6 +101,56 @@ async def _end(session: Session, how: Callable[[Session], None], *, inline: bool
         how(session)
     else:
         await run_in_threadpool(how, session)
+
+
+async def in_thread(executor: Executor | None, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in one of ``executor``'s threads, through asyncio's executor hand-off (about a
+    third of the CPU of anyio's ``to_thread.run_sync``, the hop ``run_in_threadpool`` takes); in
+    anyio's threads where ``executor`` is None (an app whose lifespan has not started).
+
+    As with anyio's, a caller cancelled meanwhile still waits for ``fn`` to return, then raises
+    ``CancelledError``: whatever ``fn`` uses (the request's session) is not let go under it.
+    """
+    if executor is None:
+        return await run_in_threadpool(fn, *args)
+    future = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(future)
+            break
+        except asyncio.CancelledError:
+            if future.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
+
+
+async def in_write_session(request: Request, fn: Callable[Concatenate[Session, P], T], *args: P.args,
+                           **kwargs: P.kwargs) -> T:
+    """``fn(session, ...)`` in a write session of its own, all of it in one worker thread
+    (:func:`in_thread`): the unit of work ``SessionDep`` gives, without FastAPI's generator
+    dependency (its exit stack and cancel scopes on the event loop). The session is admitted like
+    any request session (see api.db.POOL_SIZE), committed when ``fn`` returns unless ``fn`` ended it
+    (:func:`finish_now`), rolled back and closed when ``fn`` raises."""
+    state = request.app.state
+    slots: anyio.Semaphore | None = state.db_slots
+    async with slots if slots is not None else contextlib.nullcontext():
+        work = partial(_in_session, state.sessions(), fn, *args, **kwargs)
+        return await in_thread(state.submit_threads, work)
+
+
+def _in_session(session: Session, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    try:
+        result = fn(session, *args, **kwargs)
+    except BaseException:
+        _abort(session)
+        raise
+    if not session.info.pop(_DONE, False):
+        _finish(session)
+    return result
 
 
 # scope="function": commit when the endpoint returns, so the client never sees a 201 for a row

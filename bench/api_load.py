@@ -350,12 +350,13 @@ def main() -> int:
                     by_stream = asyncio.run(drive_rates("127.0.0.1", port, streams, args.warmup,
                                                         args.duration))
                     after = cpu_seconds([proc.pid])
+                    served = sum(len(st.latencies) for st in by_stream.values())
                     for stream, stats in by_stream.items():
                         results.append(summarize(stream, stats, args.duration))
+                        # the server's CPU over every request of the phase, GETs and POSTs together
+                        results[-1]["server_cpu_ms_per_req_all"] = round(
+                            (after["server"] - before["server"]) / max(1, served) * 1000, 2)
                         print(json.dumps(results[-1]), flush=True)
-                    served = sum(len(st.latencies) for st in by_stream.values())
-                    results[-1]["server_cpu_ms_per_req_all"] = round(
-                        (after["server"] - before["server"]) / max(1, served) * 1000, 2)
                     continue
                 before = cpu_seconds([proc.pid])
                 stats = asyncio.run(drive("127.0.0.1", port, phases[name], args.concurrency,

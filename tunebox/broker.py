@@ -62,6 +62,9 @@ def make_celery(settings: Settings) -> Celery:
         accept_content=["json"],
         enable_utc=True,
     )
+    if settings.resolved_broker_url.startswith("redis://"):
+        # the same transport, reusing one redis client per channel (see tunebox.redis_transport)
+        app.conf.broker_transport = "tunebox.redis_transport:Transport"
     return app
 
 
@@ -72,8 +75,11 @@ def get_celery() -> Celery:
 
 def enqueue_job(job_id: str, *, priority: int = 0, task_id: str | None = None) -> str:
     """Send the run task for ``job_id``; return the Celery task id (``task_id`` if given)."""
+    # argsrepr/kwargsrepr: the arguments as the message's headers show them, what Celery's saferepr
+    # writes for a job id, without its walk over the arguments
     result = get_celery().send_task(RUN_JOB_TASK, args=[job_id], queue=GPU_QUEUE,
-                                    priority=_celery_priority(priority), task_id=task_id)
+                                    priority=_celery_priority(priority), task_id=task_id,
+                                    argsrepr=repr([job_id]), kwargsrepr="{}")
     return str(result.id)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path as PathLib
 from typing import Annotated, Any
@@ -23,6 +24,7 @@ from api.deps import (
     after_commit,
     finish_now,
     first_row,
+    in_write_session,
 )
 from api.errors import (
     ApiError,
@@ -67,7 +69,7 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def submit_allowance(request: Request, user: CurrentUser) -> Principal:
+async def submit_allowance(request: Request, user: Reader) -> Principal:
     """The per-token submission rate (token bucket): 429 with Retry-After when spent; 503 while the
     embedded worker cannot run jobs (they would wait in the queue for nothing)."""
     if (problem := request.app.state.worker_problem()) is not None:
@@ -86,22 +88,18 @@ Submitter = Annotated[Principal, Depends(submit_allowance)]
              responses={**_PROBLEMS, 409: {"description": "Same Idempotency-Key still in flight"},
                         429: {"description": "Too many queued jobs or submissions"}})
 async def create_job(
-    spec: JobCreate, request: Request, response: Response, session: SessionDep, settings: SettingsDep,
-    user: Submitter,
+    spec: JobCreate, request: Request, user: Submitter,
     idempotency_key: Annotated[str | None, Header(alias=idempotency.HEADER)] = None,
-) -> JobRead | Response:
-    # all the blocking work, the commit and the enqueue in one worker thread: each hop between the
-    # event loop and a thread costs more CPU than most of the steps it would carry
+) -> Response:
+    # all the blocking work, the commit and the enqueue in one worker thread, in one transaction:
+    # each hop between the event loop and a thread costs more CPU than most of the steps it would carry
     state = request.app.state
-    job = await run_in_threadpool(_submit, session, settings, user, spec, idempotency_key, state.enqueue,
-                                  state.worker_watch)
-    if isinstance(job, JobRead):
-        response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job
+    return await in_write_session(request, _submit, state.settings, user, spec, idempotency_key,
+                                  state.enqueue, state.worker_watch)
 
 
 def _submit(session: Session, settings: Settings, user: Principal, spec: JobCreate, key: str | None,
-            enqueue: service.Enqueue, watch: WorkerWatch) -> JobRead | Response:
+            enqueue: service.Enqueue, watch: WorkerWatch) -> Response:
     if key is not None:
         replay = idempotency.claim(session, user.user_id, key,
                                    idempotency.fingerprint(spec.model_dump(mode="json", exclude_unset=True)))
@@ -116,10 +114,12 @@ def _submit(session: Session, settings: Settings, user: Principal, spec: JobCrea
             idempotency.release(session, user.user_id, key)
         raise
     if key is not None:
-        idempotency.complete(session, user.user_id, key, 201, job.model_dump(mode="json"), job.id)
+        idempotency.complete(session, user.user_id, key, 201, json.loads(job.body), job.id)
     after_commit(session, partial(service.dispatch, enqueue, job.id, job.priority, task_id))
     finish_now(session)  # commit, then enqueue: the client never sees a 201 for an uncommitted job
-    return job
+    # the body is JobRead's JSON already (service.create_job), sent as it is
+    return Response(job.body, status_code=201, media_type="application/json",
+                    headers={"Location": f"/v1/jobs/{job.id}"})
 
 
 @router.get("", summary="List jobs, newest first")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
-from sqlalchemy import Row, Text, bindparam, cast, select
+from pydantic_core import to_json
+from sqlalchemy import Row, Text, bindparam, cast, literal, select
 from sqlalchemy.orm import Session
 
 from api.auth.access import may_read, may_use_dataset, sees_everything
@@ -62,12 +65,14 @@ from tunebox.settings import Settings
 log = logging.getLogger(__name__)
 
 Enqueue = Callable[..., str]
+#: a job as ORM object, Core row of the jobs table's columns, or object with the same attributes
+JobLike = Job | Row[Any] | SimpleNamespace
 
 
 # --------------------------------------------------------------------------- reading
 
 
-def _progress(job: Job | Row[Any]) -> Progress:
+def _progress(job: JobLike) -> Progress:
     return Progress(step=job.step, total_steps=job.total_steps, epoch=job.epoch, loss=job.loss,
                     learning_rate=job.learning_rate, tokens_per_second=job.tokens_per_second,
                     samples_per_second=job.samples_per_second, eta_seconds=job.eta_seconds,
@@ -76,7 +81,7 @@ def _progress(job: Job | Row[Any]) -> Progress:
                     host_cpu_percent=job.host_cpu_percent, updated_at=job.progress_at)
 
 
-def _failure(job: Job | Row[Any]) -> Failure | None:
+def _failure(job: JobLike) -> Failure | None:
     if job.failure_kind is None and job.failure_reason is None:
         return None
     return Failure(kind=job.failure_kind, reason=job.failure_reason, message=job.failure_message)
@@ -94,7 +99,7 @@ def model_label(spec: JobSpec) -> str | None:
     return str(config.get("_name_or_path") or config.get("model_type") or "")[:255] or None
 
 
-def _summary_fields(job: Job | Row[Any], owner: str) -> dict[str, Any]:
+def _summary_fields(job: JobLike, owner: str) -> dict[str, Any]:
     return dict(id=job.id, name=job.name, owner=owner, status=job.status, priority=job.priority,
                 model=job.model,
                 num_gpus=job.num_gpus, planned_peak_gpu_bytes=job.planned_peak_gpu_bytes,
@@ -111,7 +116,7 @@ def job_summary(job: Job, owner: str, *, details: bool = True) -> JobSummary:
     return JobSummary(**fields)
 
 
-def _read_fields(job: Job | Row[Any], owner: str) -> dict[str, Any]:
+def _read_fields(job: JobLike, owner: str) -> dict[str, Any]:
     return dict(**_summary_fields(job, owner), spec=job.spec, plan=job.plan, dataset_id=job.dataset_id,
                 attempt=job.attempt, worker_host=job.worker_host, gpu_indices=job.gpu_indices,
                 cancel_requested_at=job.cancel_requested_at, eval_status=job.eval_status,
@@ -138,10 +143,10 @@ def job_read_columns() -> list[Any]:
             for c in Job.__table__.c if c.name not in _UNREAD_COLUMNS]
 
 
-def job_read_json(row: Row[Any], owner: str) -> bytes:
-    """``job_read``'s JSON for a row of ``job_read_columns``: the JSON columns go into the body as the
-    database holds them instead of being parsed, validated and written again (most of what a read
-    of a job cost)."""
+def job_read_json(row: Row[Any] | SimpleNamespace, owner: str) -> bytes:
+    """``job_read``'s JSON for a row of ``job_read_columns`` (or an object with the same attributes):
+    the JSON columns go into the body as the database holds them instead of being parsed, validated
+    and written again (most of what a read of a job cost)."""
     head = JobRead(**{**_read_fields(row, owner), **RAW_JSON_FIELDS})
     parts = [head.model_dump_json(exclude=set(RAW_JSON_FIELDS)).encode()[:-1]]
     for name in RAW_JSON_FIELDS:
@@ -193,23 +198,38 @@ def queue(session: Session, user: Principal, settings: Settings, limit: int) -> 
 # --------------------------------------------------------------------------- submitting
 
 
-def _check_queue_limit(session: Session, user: Principal, settings: Settings) -> None:
+# what a submission needs of a stored dataset (a Core row: no ORM object on this path)
+_DATASET_COLUMNS = (Dataset.id, Dataset.owner_id, Dataset.shared, Dataset.num_rows, Dataset.path)
+_DATASET_FOR_JOB = select(*_DATASET_COLUMNS).where(Dataset.id == bindparam("dataset_id"))
+# the owner's queued jobs (counted up to the limit) and the dataset the job names, in one round trip:
+# one row whatever the dataset (its columns are NULL where there is none)
+_QUEUED_AND_DATASET = select(jobs.queued_of_owner_count().label("queued"), *_DATASET_COLUMNS).select_from(
+    select(literal(1).label("one")).subquery().outerjoin(Dataset, Dataset.id == bindparam("dataset_id")))
+
+
+def _check_queue_limit(session: Session, user: Principal, settings: Settings, dataset_id: str | None
+                       ) -> Row[Any] | None:
+    """429 when the user's queued jobs reach the limit; otherwise the row of the stored dataset
+    ``dataset_id`` names (None if there is none), read by the same statement."""
     limit = user.max_queued_jobs or settings.max_queued_jobs_per_user
-    if jobs.queued_of_owner(session.connection(), user.user_id, limit) >= limit:
+    row = session.connection().execute(_QUEUED_AND_DATASET, {"owner_id": user.user_id, "limit": limit,
+                                                             "dataset_id": dataset_id}).one()
+    if row.queued >= limit:
         raise TooManyRequests(f"{user.name} already has {limit} queued jobs (the limit); wait or cancel some",
                               errors=[FieldError("owner", f"queued jobs limit {limit} reached")])
+    return row if row.id is not None else None
 
 
 S = TypeVar("S", bound=DataSource)
 
 
-def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: Principal
-                     ) -> tuple[JobSpec, str | None, str | None, str]:
+def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: Principal,
+                     dataset_row: Row[Any] | None) -> tuple[JobSpec, str | None, str | None, str]:
     """The spec with its training (and evaluation) data resolved, the ids of the datasets used, and
-    the training data's file."""
+    the training data's file. ``dataset_row``: the stored dataset ``spec.dataset.id`` names, read already."""
     if spec.dataset is None:
         raise InvalidInput.for_field("dataset", "a job needs a dataset (dataset.path or dataset.id)")
-    ds, dataset_id, path = _resolve_source(session, spec.dataset, settings, user, "dataset")
+    ds, dataset_id, path = _resolve_source(session, spec.dataset, settings, user, "dataset", dataset_row)
     update: dict[str, Any] = {"dataset": ds}
     eval_id = None
     if spec.eval.dataset is not None:
@@ -218,17 +238,17 @@ def _resolve_dataset(session: Session, spec: JobSpec, settings: Settings, user: 
     return spec.model_copy(update=update), dataset_id, eval_id, path
 
 
-# what a submission needs of a stored dataset (a Core row: no ORM object on this path)
-_DATASET_FOR_JOB = select(Dataset.id, Dataset.owner_id, Dataset.shared, Dataset.num_rows, Dataset.path).where(
-    Dataset.id == bindparam("dataset_id"))
+_UNREAD = object()
 
 
-def _resolve_source(session: Session, ds: S, settings: Settings, user: Principal, field: str
-                    ) -> tuple[S, str | None, str]:
+def _resolve_source(session: Session, ds: S, settings: Settings, user: Principal, field: str,
+                    row: Any = _UNREAD) -> tuple[S, str | None, str]:
     """A data source with its path confined to the dataset roots (or its id visible to the user) and
-    its rows counted; the id of the stored dataset it names; its file."""
+    its rows counted; the id of the stored dataset it names; its file. ``row``: the stored dataset
+    ``ds.id`` names (None if there is none), where the caller read it already."""
     if ds.id is not None:
-        row = session.connection().execute(_DATASET_FOR_JOB, {"dataset_id": ds.id}).first()
+        if row is _UNREAD:
+            row = session.connection().execute(_DATASET_FOR_JOB, {"dataset_id": ds.id}).first()
         if row is None or not may_use_dataset(user, row.owner_id, row.shared, settings):  # as if unknown
             raise InvalidInput.for_field(f"{field}.id", f"no dataset {ds.id}")
         return ds.model_copy(update={"num_rows": ds.num_rows or row.num_rows}), row.id, row.path
@@ -356,18 +376,31 @@ def leased_gpu_bytes(plan_json: dict[str, Any], spec: JobSpec) -> int:
     return max(training, int(evaluation["total_bytes"]))
 
 
+@dataclass(frozen=True)
+class CreatedJob:
+    """A job just stored: its id and priority (to send its task with) and its 201 body."""
+
+    id: str
+    priority: int
+    body: bytes
+
+
 def create_job(session: Session, settings: Settings, user: Principal, spec: JobSpec,
-               watch: WorkerWatch) -> tuple[JobRead, str]:
+               watch: WorkerWatch) -> tuple[CreatedJob, str]:
     """Validate, plan and store a queued job with its 'created' and audit events (and a 'waiting'
     one while no worker reports; ``watch``, the app's, remembers a live one between submissions).
 
-    Returns the job and the Celery task id stored with it (to send under after the commit).
+    Returns the job (its body is ``JobRead``'s JSON of the stored row, what ``GET`` answers) and the
+    Celery task id stored with it (to send under after the commit). The spec and the plan are
+    written to JSON once (pydantic's serialiser, several times faster than ``json.dumps`` on these
+    documents), for the row and for the body.
     """
     check_storable(spec)
     spec = absorb_deepspeed_config(spec)
-    _check_queue_limit(session, user, settings)
+    dataset_row = _check_queue_limit(session, user, settings, spec.dataset.id if spec.dataset else None)
     spec = resolve_model(spec, settings, required=True)
-    spec, dataset_id, eval_dataset_id, data_file = _resolve_dataset(session, spec, settings, user)
+    spec, dataset_id, eval_dataset_id, data_file = _resolve_dataset(session, spec, settings, user,
+                                                                    dataset_row)
     _refuse_dropped_rows(session, spec, data_file)
     spec = _box_nvme_folder(spec, settings)
     plan = make_plan(spec, hardware_for(spec, session, settings))
@@ -387,14 +420,16 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     if (silent := watch.no_worker(session, settings)) is not None:
         created.append({"kind": "waiting", "actor": "api", "message": silent,
                         "data": {"reason": "no_worker"}})
-    job = jobs.create(session, {
+    stored = jobs.create(session, {
         "id": job_id, "owner_id": user.user_id, "name": spec.name, "model": model_label(spec),
-        "status": JobStatus.QUEUED, "priority": spec.priority, "spec": spec.model_dump(mode="json"),
-        "plan": plan_json, "dataset_id": dataset_id, "eval_dataset_id": eval_dataset_id,
+        "status": JobStatus.QUEUED, "priority": spec.priority,
+        "spec": to_json(spec.model_dump(mode="json")).decode(), "plan": to_json(plan_json).decode(),
+        "dataset_id": dataset_id, "eval_dataset_id": eval_dataset_id,
         "num_gpus": plan.num_gpus, "celery_task_id": task_id,
         "planned_peak_gpu_bytes": leased_gpu_bytes(plan_json, spec),
         "planned_host_bytes": plan_json["host"]["total_bytes"]}, created)
-    return job_read(job, user.name), task_id
+    body = job_read_json(SimpleNamespace(**stored), user.name)
+    return CreatedJob(id=job_id, priority=spec.priority, body=body), task_id
 
 
 def new_task_id() -> str:

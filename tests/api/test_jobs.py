@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from store.models import Job, JobEvent
@@ -177,3 +179,32 @@ def test_qlora_is_refused_where_the_box_cannot_run_it(env: Env) -> None:
     body = res.json()
     assert body["type"].endswith("/method-unavailable") and body["errors"][0]["field"] == "method"
     assert "bitsandbytes" in body["detail"]
+
+
+@pytest.mark.parametrize("backend", ["pg_url", "sqlite_url"])
+def test_a_dataset_id_is_read_with_the_queue_count_and_the_limit_comes_first(
+        backend: str, request: pytest.FixtureRequest, roots: tuple[Path, Path], tmp_path: Path) -> None:
+    """The queued-jobs count and the dataset a job names are read by one statement: a known dataset
+    fills the spec, an unknown or another user's one is a 422 naming ``dataset.id``, and at the
+    limit the answer is 429 whatever the dataset (the limit is checked first, as before)."""
+    import json
+
+    from tests.api.conftest import build_env
+    from tests.tinydata import alpaca_rows
+
+    for env in build_env(request.getfixturevalue(backend), roots, tmp_path, max_queued_jobs_per_user=2):
+        rows = "".join(json.dumps(r) + "\n" for r in alpaca_rows(9)).encode()
+        ds = env.client.post("/v1/datasets", content=rows, headers={**env.auth(),
+                             "Content-Type": "application/x-ndjson"}).json()
+        job = env.client.post("/v1/jobs", json=job_spec(dataset={"id": ds["id"]}), headers=env.auth())
+        assert job.status_code == 201, job.text
+        assert job.json()["dataset_id"] == ds["id"] and job.json()["spec"]["dataset"]["num_rows"] == 9
+        for spec, who in ((job_spec(dataset={"id": "ds_nosuchdataset"}), "alice"),
+                          (job_spec(dataset={"id": ds["id"]}), "bob")):
+            res = env.client.post("/v1/jobs", json=spec, headers=env.auth(who))
+            assert res.status_code == 422 and res.json()["errors"][0]["field"] == "dataset.id", res.text
+        env.submit()  # alice's second queued job: the limit
+        for dataset in ({"id": ds["id"]}, {"id": "ds_nosuchdataset"}, {"path": "train.jsonl"}):
+            res = env.client.post("/v1/jobs", json=job_spec(dataset=dataset), headers=env.auth())
+            assert res.status_code == 429, res.text
+        assert env.count(Job) == 2

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
+from typing import Any
+
+import pytest
 
 from store.db import session_scope
 from store.models import ApiToken, Job
@@ -58,3 +62,63 @@ def test_submit_commits_before_the_enqueue_and_before_the_response(env: Env) -> 
         stored = session.get(Job, created["id"])
         assert stored is not None
         assert seen == [stored.celery_task_id]  # enqueued once, after the commit, under the stored id
+
+
+def test_a_submission_takes_one_thread_hop(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """POST /v1/jobs runs its blocking work, commit and enqueue in one hand-off to the submission
+    threads and none to anyio's (its dependencies run on the event loop)."""
+    import anyio.to_thread
+
+    env.submit()  # the token is looked up and cached (TTL 0: looked up each time, on the loop)
+    state = env.client.app.state  # type: ignore[attr-defined]
+    hops: list[str] = []
+    real_run_sync, real_submit = anyio.to_thread.run_sync, state.submit_threads.submit
+
+    async def run_sync(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(f"anyio:{getattr(fn, '__name__', fn)}")
+        return await real_run_sync(fn, *args, **kwargs)
+
+    def submit(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append("submit")
+        return real_submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", run_sync)
+    monkeypatch.setattr(state.submit_threads, "submit", submit)
+    created = env.submit()
+    lookups = [h for h in hops if h != "submit" and "lookup" in h]  # SQLite reads the token in a thread
+    assert [h for h in hops if h not in lookups] == ["submit"]
+    assert env.client.get(f"/v1/jobs/{created['id']}", headers=env.auth()).json() == created
+
+
+def test_a_cancelled_caller_waits_for_the_thread_before_letting_go() -> None:
+    """api.deps.in_thread: a request cancelled while its work runs in a thread gets CancelledError
+    only once that work has returned (its session is never closed under it)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from api.deps import in_thread
+
+    started, release = threading.Event(), threading.Event()
+    finished: list[str] = []
+
+    def work() -> str:
+        started.set()
+        release.wait(5)
+        finished.append("work")
+        return "done"
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as executor:
+            task = asyncio.ensure_future(in_thread(executor, work))
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            assert not task.done()  # still waiting for the thread
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert finished == ["work"]
+            assert await in_thread(executor, lambda: 7) == 7
+
+    asyncio.run(main())

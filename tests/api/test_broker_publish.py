@@ -1,0 +1,89 @@
+"""The broker's Redis transport (tunebox.redis_transport): one redis client per channel for its
+publishes, the messages those of kombu's own transport."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from kombu.connection import Connection as KombuConnection
+
+from tunebox.broker import GPU_QUEUE, RUN_JOB_TASK, make_celery
+from tunebox.redis_transport import Channel
+from tunebox.settings import Settings
+
+StockConnection: Any = KombuConnection  # kombu's, with its own Redis transport
+
+
+def test_a_redis_broker_publishes_through_one_client_per_channel(redis_url: str) -> None:
+    app = make_celery(Settings(broker_url=redis_url))
+    with app.connection_for_write() as conn:
+        assert isinstance(conn.default_channel, Channel)
+        channel: Any = conn.default_channel
+        first = channel._create_client()
+        assert channel._create_client() is first  # kombu's own builds one per command
+        assert first.connection_pool is channel.pool
+        channel._disconnect_pools()  # as after a fork: the channel makes a new pool
+        again = channel._create_client()
+        assert again is not first and again.connection_pool is channel.pool
+        assert channel._create_client(asynchronous=True) is not again  # the poller's: kombu's own
+
+
+def test_messages_are_read_by_kombus_own_redis_transport(redis_url: str) -> None:
+    """What a worker consuming with the stock transport receives: each task, once, in order, with
+    its id and the job id (tests/api/test_celery.py runs a real worker on it)."""
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"{GPU_QUEUE}*"):
+        client.delete(key)
+    app = make_celery(Settings(broker_url=redis_url))
+    sent = [(f"job_{n}", str(uuid.uuid4())) for n in range(3)]
+    for job_id, task_id in sent:
+        app.send_task(RUN_JOB_TASK, args=[job_id], queue=GPU_QUEUE, task_id=task_id)
+    received = []
+    with StockConnection(redis_url) as conn:
+        assert type(conn.default_channel).__module__ == "kombu.transport.redis"
+        queue = conn.SimpleQueue(GPU_QUEUE)
+        for _ in sent:
+            message = queue.get(timeout=5)
+            received.append((message.payload[0][0], message.headers["id"], message.headers["task"]))
+            message.ack()
+        queue.close()
+    assert received == [(job_id, task_id, RUN_JOB_TASK) for job_id, task_id in sent]
+
+
+def test_other_brokers_keep_their_transport() -> None:
+    app = make_celery(Settings(broker_url="memory://"))
+    assert app.conf.broker_transport is None
+
+
+def test_enqueue_job_sends_the_task_as_celery_writes_it(redis_url: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``enqueue_job``'s message: the job id, the task id, and the headers'
+    display of the arguments as Celery's saferepr writes it."""
+    from celery.utils.saferepr import saferepr
+
+    from tunebox import broker
+    from tunebox.settings import get_settings
+
+    monkeypatch.setenv("TUNEBOX_BROKER_URL", redis_url)
+    get_settings.cache_clear()
+    broker.get_celery.cache_clear()
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"{GPU_QUEUE}*"):
+        client.delete(key)
+    try:
+        task_id = str(uuid.uuid4())
+        assert broker.enqueue_job("job_0abc9", priority=7, task_id=task_id) == task_id
+    finally:
+        get_settings.cache_clear()
+        broker.get_celery.cache_clear()
+    with StockConnection(redis_url) as conn:
+        queue = conn.SimpleQueue(GPU_QUEUE)
+        message = queue.get(timeout=5)
+        message.ack()
+        queue.close()
+    assert message.payload[0] == ["job_0abc9"] and message.headers["id"] == task_id
+    assert message.headers["argsrepr"] == saferepr(["job_0abc9"], 1024)
+    assert message.headers["kwargsrepr"] == saferepr({}, 1024)
