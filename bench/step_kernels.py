@@ -85,13 +85,13 @@ def build(model: str, layers: int, method: str, attn: str, checkpointing: bool, 
     """The model as the trainer has it: from its config in bf16 on the GPU, its attention, then
     checkpointing and LoRA (the service's default adapter) in the trainer's order."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
+    from bench.cases import hf_config
     from planner.spec import LoraSpec
     from worker._trainlib import modeling
 
-    cfg = dict(_config(model, layers))
-    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config = hf_config(_config(model, layers))
     with torch.device(device):
         m = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn)
     m.config.use_cache = False
