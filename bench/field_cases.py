@@ -294,6 +294,21 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-qwen3-4b-z1-s1024-mb8", "qwen3-4b", "lora", ONE_GPU | {"zero_stage": 1}, seq_len=1024,
             micro=8, accumulation=1, checkpointing=True),
     ]),
+    "heldout9": (None, [
+        job("lora-mistral7b-z0-s4096-mb1", "mistral-7b-v0.3", "lora", Z0, seq_len=4096, micro=1,
+            accumulation=1, checkpointing=True),
+        job("full-qwen0.5b-z2-s2048-mb8", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 2}, seq_len=2048,
+            micro=8, accumulation=1, checkpointing=True),
+        job("lora-gemma2-2b-z1-s2048-mb2-nockpt", "gemma-2-2b", "lora", ONE_GPU | {"zero_stage": 1},
+            seq_len=2048, micro=2, accumulation=1, checkpointing=False),
+        job("lora-llama3b-z2-s4096-mb2-nockpt", "llama-3.2-3b", "lora", ONE_GPU | {"zero_stage": 2},
+            seq_len=4096, micro=2, accumulation=1, checkpointing=False),
+        job("qlora-llama3b-z0-s2048-mb8", "llama-3.2-3b", "qlora", Z0, seq_len=2048, micro=8, accumulation=1,
+            checkpointing=True),
+        job("lora-qwen7b-z3-offopt-s2048-mb2", "qwen2.5-7b", "lora",
+            {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "none"},
+            seq_len=2048, micro=2, accumulation=1, checkpointing=True),
+    ]),
     # the loss in chunks against the full logits, the same 8B job otherwise (what a chunk costs a step)
     "chunk": (None, [
         job(f"lora-llama8b-z0-s2048-mb2-{name}", "llama-3.1-8b", "lora", Z0, seq_len=2048, micro=2,
@@ -309,7 +324,7 @@ SHARED_PHASES = {"pack", "pack7b"}
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
-              "heldout7", "heldout8"}
+              "heldout7", "heldout8", "heldout9"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
