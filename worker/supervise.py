@@ -274,7 +274,12 @@ class JobRun:
 
     def _train_tick(self, group: launcher.ProcessGroup) -> None:
         assert self._progress is not None and self._logs is not None
-        saved = self.recorder.handle(parse_records(self._progress.read()))
+        records = parse_records(self._progress.read())
+        if self.status is JobStatus.STARTING:
+            start = next((r for r in records if r.get("type") == "start"), None)
+            if start is not None:  # running before any of its steps shows: a step means a running job
+                self._to_running(start)
+        saved = self.recorder.handle(records)
         if self.recorder.started is not None and self.status is JobStatus.STARTING:
             self._to_running()
         self._logs.poll()
@@ -343,9 +348,9 @@ class JobRun:
         log.warning("job %s ran out of its planned GPU memory; planned again and queued", self.job_id)
         return None
 
-    def _to_running(self) -> None:
+    def _to_running(self, start: dict[str, Any] | None = None) -> None:
         if self.status is JobStatus.STARTING:
-            total = (self.recorder.started or {}).get("total_steps")
+            total = (start or self.recorder.started or {}).get("total_steps")
             extra = {"total_steps": total} if total else {}
             self._transition(JobStatus.RUNNING, "training is running", **extra)
 

@@ -86,6 +86,7 @@ def test_job_runs_to_success_with_a_separate_evaluation(worker, db_url):
     assert run["device"] == "cpu" and run["spec"]["name"] == "fake:ok"
     statuses = [e.data["to"] for e in _events(db_url, job_id, "status")]
     assert statuses == ["starting", "running", "evaluating", "succeeded"]
+    running = next(e for e in _events(db_url, job_id, "status") if e.data["to"] == "running")
     assert _events(db_url, job_id, "status")[-1].data["measured_peak_gpu_bytes"] == 5000
     with session_scope(db_url) as s:
         steps = s.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job_id)
@@ -93,8 +94,12 @@ def test_job_runs_to_success_with_a_separate_evaluation(worker, db_url):
         final = s.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.is_final)).one()
         metrics = s.scalars(select(MetricPoint.step).where(MetricPoint.job_id == job_id,
                                                            MetricPoint.kind == "train")).all()
+        first_point = s.scalars(select(func.min(MetricPoint.created_at)).where(
+            MetricPoint.job_id == job_id, MetricPoint.kind == "train")).one()
     assert steps == [2, 4] and final.path.endswith("final") and final.eval_status == "succeeded"
     assert 4 in metrics
+    # the job is running before any of its steps is stored (a reader never sees a step of a starting job)
+    assert running.created_at <= first_point
     assert _leases(db_url, job_id) == 0
 
 
