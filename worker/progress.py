@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,9 @@ class ProgressRecorder:
     db_url: str
     job_id: str
     interval_s: float
+    #: called with the ``start`` record before it or any record after it is applied (the job moves
+    #: to running before a step of it is stored); raising leaves the record for the next call
+    on_start: Callable[[dict[str, Any]], None] | None = None
     peaks: Peaks = field(default_factory=Peaks)
     started: dict[str, Any] | None = None
     done: dict[str, Any] | None = None
@@ -123,6 +127,8 @@ class ProgressRecorder:
         self.peaks.observe(record)
         kind = record["type"]
         if kind == "start":
+            if self.on_start is not None:
+                self.on_start(record)
             self.started = record
             if record.get("data"):
                 self._record_data(record["data"])

@@ -88,7 +88,8 @@ class JobRun:
         self.dir = launcher.job_dir(settings, job_id)
         self.run_id = launcher.RunId(job_id, attempt, launcher.owner_tag(settings, host))
         self.status = JobStatus.STARTING
-        self.recorder = ProgressRecorder(self.url, job_id, settings.progress_interval_s)
+        self.recorder = ProgressRecorder(self.url, job_id, settings.progress_interval_s,
+                                         on_start=self._to_running)
         self.groups: list[launcher.ProcessGroup] = []
         self.nvml = NvmlSampler()
         self._progress: LineTail | None = None
@@ -274,14 +275,7 @@ class JobRun:
 
     def _train_tick(self, group: launcher.ProcessGroup) -> None:
         assert self._progress is not None and self._logs is not None
-        records = parse_records(self._progress.read())
-        if self.status is JobStatus.STARTING:
-            start = next((r for r in records if r.get("type") == "start"), None)
-            if start is not None:  # running before any of its steps shows: a step means a running job
-                self._to_running(start)
-        saved = self.recorder.handle(records)
-        if self.recorder.started is not None and self.status is JobStatus.STARTING:
-            self._to_running()
+        saved = self.recorder.handle(parse_records(self._progress.read()))
         self._logs.poll()
         self._sample(group)
         for checkpoint in saved:

@@ -95,3 +95,26 @@ def test_every_checkpoints_step_is_written_whatever_the_interval(db_url):
             records.append({"type": "checkpoint", "step": k, "path": f"/nowhere/step-{k}"})
     recorder.handle(records + [{"type": "done", "step": 12}])
     assert _steps(db_url, job_id) == [1, 4, 8, 12]  # the first, each checkpoint's, the last
+
+
+def test_the_start_hook_runs_before_any_step_is_stored_and_a_failed_one_loses_nothing(db_url):
+    with session_scope(db_url) as s:
+        job_id = make_job(s, make_user(s)).id
+    seen: list[list[int]] = []
+    fail = [True]
+
+    def on_start(record: dict) -> None:
+        seen.append(_steps(db_url, job_id))
+        if fail.pop() if fail else False:
+            raise OperationalError("UPDATE jobs", {}, Exception("connection refused"))
+
+    recorder = ProgressRecorder(db_url, job_id, interval_s=3600, on_start=on_start)
+    batch = [{"type": "start", "total_steps": 12}, _progress(1), _progress(2)]
+    with pytest.raises(OperationalError):
+        recorder.handle(batch)
+    assert recorder.started is None and _steps(db_url, job_id) == []
+    recorder.handle([_progress(3)])  # the next read: the start record is applied first, then the steps
+    assert seen == [[], []]  # no step was stored when the hook ran, either time
+    assert recorder.started == batch[0] and _steps(db_url, job_id) == [1]
+    recorder.flush(force=True)
+    assert _steps(db_url, job_id) == [1, 3]
