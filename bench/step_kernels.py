@@ -68,9 +68,12 @@ def classify(kernels: list[tuple[str, float]]) -> dict[str, Any]:
 
 
 def attention_for(model: str, attn: str) -> str:
-    """The attention the service trains ``model`` with when the job asks for ``attn``: Gemma 2's
-    soft-capped logits need eager attention (``planner/core.py``)."""
-    return "eager" if MODELS[model]["model_type"] == "gemma2" else attn
+    """The attention the service trains ``model`` with when the job asks for ``attn`` (``auto``:
+    asks for none), as the planner resolves it."""
+    from planner.arch import arch_from_config
+    from planner.core import attention_for as resolved
+
+    return resolved(arch_from_config(MODELS[model]), None if attn == "auto" else attn)
 
 
 def _config(model: str, layers: int) -> dict[str, Any]:
@@ -208,17 +211,14 @@ def row_spec(row: dict[str, Any]) -> dict[str, Any]:
             "hardware": {"gpu_count": 1, "gpu_memory_bytes": 80 * 2**30, "host_memory_bytes": 128 * 2**30}}
 
 
-#: the kind the planner counts in bytes itself (LoRA's adapters): not fitted
-COUNTED = "adapter_bytes"
-
-
-def elements(row: dict[str, Any]) -> dict[str, float]:
-    """What the row's memory-bound kernels pass over, as the planner counts it."""
+def elements(row: dict[str, Any]) -> tuple[dict[str, float], float]:
+    """What the row's memory-bound kernels pass over, and its adapters' bytes, as the planner
+    counts them."""
     from bench.accuracy import record_setup
-    from planner.speed import memory_bound_elements
+    from planner.speed import adapter_bytes, memory_bound_elements
 
     p, s = record_setup(row_spec(row))
-    return memory_bound_elements(p.facts, s)
+    return memory_bound_elements(p.facts, s), adapter_bytes(p.facts, s)
 
 
 def fit(rows: list[dict[str, Any]], bandwidth_gbps: float) -> dict[str, float]:
@@ -227,10 +227,11 @@ def fit(rows: list[dict[str, Any]], bandwidth_gbps: float) -> dict[str, float]:
     import numpy as np
 
     counted = [elements(r) for r in rows]
-    kinds = [k for k in counted[0] if k != COUNTED and any(c[k] for c in counted)]
+    kinds = [k for k in counted[0][0] if any(c[k] for c, _ in counted)]
     rate = bandwidth_gbps * 1e9
-    design = np.array([[c[k] for k in kinds] for c in counted]) / rate
-    seconds = np.array([r["other_s"] - c[COUNTED] / rate for r, c in zip(rows, counted, strict=True)])
+    design = np.array([[c[k] for k in kinds] for c, _ in counted]) / rate
+    seconds = np.array([r["other_s"] - adapters / rate
+                        for r, (_, adapters) in zip(rows, counted, strict=True)])
     coef = np.linalg.lstsq(design / seconds[:, None], np.ones(len(rows)), rcond=None)[0]
     return {k: float(v) for k, v in zip(kinds, coef, strict=True)}
 
@@ -240,24 +241,22 @@ def matmul_efficiency(rows: list[dict[str, Any]], matmul_tflops: float) -> float
     left out where SDPA's fused kernel runs them) over the matmul kernels' time, as a fraction of
     the card's bf16 matmul rate: the planner's ``MFU`` as these kernels ran."""
     from bench.accuracy import record_setup
-    from planner.speed import GpuRates, causal_attention_flops, step_terms
+    from planner.speed import GpuRates, causal_attention_micro_flops, step_terms
 
     out = []
     for r in rows:
         p, s = record_setup(row_spec(r))
         flops = step_terms(p.facts, s, GpuRates()).flops_per_micro
         if s.attn_implementation != "eager":
-            passes = (2 if s.gradient_checkpointing else 1) + 2
-            flops -= causal_attention_flops(p.facts, s.seq_len) * p.facts.arch.num_layers * passes * \
-                s.tokens_per_micro_batch
+            flops -= causal_attention_micro_flops(p.facts, s)
         out.append(flops / r["gemm_s"] / (matmul_tflops * 1e12))
     return statistics.median(out)
 
 
 def predicted(row: dict[str, Any], per_element: dict[str, float], bandwidth_gbps: float) -> float:
-    counted = elements(row)
-    fitted = sum(per_element.get(k, 0.0) * n for k, n in counted.items() if k != COUNTED)
-    return (fitted + counted[COUNTED]) / (bandwidth_gbps * 1e9)
+    counted, adapters = elements(row)
+    fitted = sum(per_element.get(k, 0.0) * n for k, n in counted.items())
+    return (fitted + adapters) / (bandwidth_gbps * 1e9)
 
 
 def main() -> int:
@@ -268,7 +267,7 @@ def main() -> int:
     ap.add_argument("--matmul-tflops", type=float, help="the card's bf16 matmul rate (with --fit)")
     ap.add_argument("--model", nargs="+", default=DEFAULT_MODELS, choices=sorted(MODELS))
     ap.add_argument("--method", nargs="+", default=["lora", "full"], choices=["lora", "full"])
-    ap.add_argument("--attn", nargs="+", default=["sdpa"], choices=["sdpa", "eager"])
+    ap.add_argument("--attn", nargs="+", default=["auto"], choices=["auto", "sdpa", "eager"])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     if args.fit:

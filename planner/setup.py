@@ -60,6 +60,11 @@ class Setup:
         return 3 if self.gradient_checkpointing else 2
 
     @property
+    def forwards(self) -> int:
+        """Forward passes over the layers in a micro-step: two under gradient checkpointing."""
+        return self.passes - 1
+
+    @property
     def logits_tokens(self) -> int:
         """The positions whose vocabulary-sized logits exist at once: a chunk, or the micro-batch."""
         if self.loss_chunk_tokens is None:

@@ -54,7 +54,9 @@ __all__ = [
     "SpeedEstimate",
     "StepTerms",
     "estimate_speed",
+    "adapter_bytes",
     "causal_attention_flops",
+    "causal_attention_micro_flops",
     "head_dim_band",
     "memory_bound_bytes",
     "memory_bound_elements",
@@ -228,10 +230,18 @@ ADAPTER_FORWARD_BYTES = (5, 10)
 ADAPTER_BACKWARD_BYTES = (11, 4)
 
 
-def _adapter_bytes(facts: ModelFacts, per: tuple[int, int]) -> int:
+def _per_adapter_token(facts: ModelFacts, per: tuple[int, int]) -> int:
     if facts.lora is None:
         return 0
     return sum(per[0] * lin.in_features + per[1] * lin.out_features for lin in facts.lora.layer_linears)
+
+
+def adapter_bytes(facts: ModelFacts, s: Setup) -> float:
+    """Bytes one micro-step's LoRA adapters move outside their matmuls: each forward (twice under
+    checkpointing) and the backward, every layer, every token."""
+    tokens, layers = s.tokens_per_micro_batch, facts.arch.num_layers
+    return tokens * layers * (s.forwards * _per_adapter_token(facts, ADAPTER_FORWARD_BYTES)
+                              + _per_adapter_token(facts, ADAPTER_BACKWARD_BYTES))
 
 
 def memory_bound_elements(facts: ModelFacts, s: Setup) -> dict[str, float]:
@@ -239,19 +249,17 @@ def memory_bound_elements(facts: ModelFacts, s: Setup) -> dict[str, float]:
     decoder layer's hidden state in each forward (twice under checkpointing) and in the backward,
     its norms' elements in each forward, eager attention's scores (heads × sequence per token) in
     each forward and the backward, the logits (soft-capped ones again), and, when the embedding
-    trains, its gradient once; ``adapter_bytes`` counts the LoRA adapters' bytes themselves."""
+    trains, its gradient once. LoRA's adapters are counted in bytes (``adapter_bytes``)."""
     arch = facts.arch
     tokens, layers = s.tokens_per_micro_batch, arch.num_layers
-    forwards = (2 if s.gradient_checkpointing else 1) * tokens * layers
+    forward_tokens = s.forwards * tokens * layers  # a token's passes through a layer's forward
     scores = arch.num_heads * s.seq_len if s.attn_implementation == "eager" else 0
     vocabulary = tokens * arch.vocab_size
     return {
-        "layer_forward": forwards * arch.hidden_size,
+        "layer_forward": forward_tokens * arch.hidden_size,
         "layer_backward": tokens * layers * arch.hidden_size,
-        "norm_forward": forwards * _norm_elements(facts),
-        "adapter_bytes": forwards * _adapter_bytes(facts, ADAPTER_FORWARD_BYTES)
-        + tokens * layers * _adapter_bytes(facts, ADAPTER_BACKWARD_BYTES),
-        "scores_forward": forwards * scores,
+        "norm_forward": forward_tokens * _norm_elements(facts),
+        "scores_forward": forward_tokens * scores,
         "scores_backward": tokens * layers * scores,
         "logits": vocabulary,
         "logit_softcap": vocabulary if arch.final_logit_softcapping is not None else 0,
@@ -260,31 +268,35 @@ def memory_bound_elements(facts: ModelFacts, s: Setup) -> dict[str, float]:
 
 
 def _bytes_per_element(kind: str) -> float:
-    if kind == "adapter_bytes":
-        return 1.0
     value: float = getattr(C, f"MEMORY_BYTES_{kind.upper()}")
     return value
 
 
 def memory_bound_bytes(facts: ModelFacts, s: Setup) -> float:
-    """Bytes one micro-step's memory-bound kernels move, at each kind's measured cost per element
-    (``MEMORY_BYTES_*``: bytes at the card's datasheet bandwidth)."""
-    return sum(_bytes_per_element(k) * n for k, n in memory_bound_elements(facts, s).items())
+    """Bytes one micro-step's memory-bound kernels move: each kind's elements at its measured cost
+    (``MEMORY_BYTES_*``: bytes at the card's datasheet bandwidth), and the adapters' bytes."""
+    counted = sum(_bytes_per_element(k) * n for k, n in memory_bound_elements(facts, s).items())
+    return counted + adapter_bytes(facts, s)
+
+
+def causal_attention_micro_flops(facts: ModelFacts, s: Setup) -> float:
+    """One micro-step's causal attention FLOPs: its forwards and a backward of twice a forward's,
+    every layer and token."""
+    return (causal_attention_flops(facts, s.seq_len) * facts.arch.num_layers * (s.forwards + 2)
+            * s.tokens_per_micro_batch)
 
 
 def _gpu_seconds(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, float]:
     """(seconds at 100% of the rate, FLOPs) of one micro-step; masked attention's FLOPs are counted
     but not timed here (``_masked_attention_seconds``)."""
     fwd, bwd = _flops_per_token(facts, s)
-    forwards = 2 if s.gradient_checkpointing else 1
-    flops = (fwd * forwards + bwd) * s.tokens_per_micro_batch
+    flops = (fwd * s.forwards + bwd) * s.tokens_per_micro_batch
     if s.loss_chunk_tokens is not None:
         # each chunk of the loss is checkpointed: the backward runs the LM head's forward again
         flops += 2.0 * facts.arch.vocab_size * facts.arch.hidden_size * s.tokens_per_micro_batch
     timed = flops
-    if _masked_attention(s):  # forwards and a backward of twice a forward's FLOPs, every layer
-        timed -= (causal_attention_flops(facts, s.seq_len) * facts.arch.num_layers * (forwards + 2)
-                  * s.tokens_per_micro_batch)
+    if _masked_attention(s):
+        timed -= causal_attention_micro_flops(facts, s)
     if s.method == "qlora":
         # the decoder layers' 4-bit weights: every forward and the input's gradient multiply by a
         # freshly dequantized copy, more slowly than by a stored bf16 weight

@@ -9,7 +9,7 @@ import pytest
 from bench.accuracy import record_setup
 from planner import constants as C
 from planner import plan
-from planner.speed import ADAPTER_BACKWARD_BYTES, ADAPTER_FORWARD_BYTES, memory_bound_elements
+from planner.speed import ADAPTER_BACKWARD_BYTES, ADAPTER_FORWARD_BYTES, adapter_bytes, memory_bound_elements
 from tests.planner.support import job
 
 
@@ -29,6 +29,11 @@ def _elements(spec: dict[str, Any]) -> dict[str, float]:
     return memory_bound_elements(p.facts, s)
 
 
+def _adapter_bytes(spec: dict[str, Any]) -> float:
+    p, s = record_setup(spec)
+    return adapter_bytes(p.facts, s)
+
+
 def test_checkpointing_runs_the_forward_kinds_twice_and_the_backward_ones_once() -> None:
     plain, ckpt = _elements(_spec()), _elements(_spec(gradient_checkpointing=True))
     for kind in ("layer_forward", "norm_forward"):
@@ -42,11 +47,11 @@ def test_checkpointing_runs_the_forward_kinds_twice_and_the_backward_ones_once()
 
 
 def test_adapters_are_counted_in_bytes_by_their_inputs_and_outputs() -> None:
-    attention = _elements(_spec())["adapter_bytes"]
+    attention = _adapter_bytes(_spec())
     spec = _spec()
     spec["lora"]["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                       "down_proj"]
-    everything = _elements(spec)["adapter_bytes"]
+    everything = _adapter_bytes(spec)
     tokens, layers, hidden, inter = 2 * 2048, 28, 1536, 8960
     # gate and up read the hidden state and write the MLP's width; down the reverse
     mlp = ((hidden, inter), (hidden, inter), (inter, hidden))
