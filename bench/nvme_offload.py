@@ -4,8 +4,8 @@ Unpacks libaio (``bench/libaio.py``) so DeepSpeed's async I/O op builds, starts 
 on its embedded default with ``TUNEBOX_NVME_BYTES``/``TUNEBOX_NVME_PATH`` set, and runs, one job at
 a time, the pairs asked for:
 
-- ``lora7b``: LoRA on a random-init Qwen2.5-7B, ZeRO-3 with the parameters on NVMe (and the
-  optimizer on the CPU), then the same job with both on the CPU;
+- ``lora7b`` (``lora1.5b``): LoRA on a random-init Qwen2.5-7B (1.5B), ZeRO-3 with the parameters
+  on NVMe (and the optimizer on the CPU), then the same job with both on the CPU;
 - ``full3b`` (``full1.5b``): full fine-tuning of a random-init Qwen2.5-3B (1.5B), ZeRO-3 with the
   optimizer on NVMe, then with the optimizer on the CPU.
 
@@ -59,6 +59,13 @@ PAIRS: dict[str, dict[str, Any]] = {
         "nvme": {"offload_param": "nvme", "offload_optimizer": "cpu"},
         "cpu": {"offload_param": "cpu", "offload_optimizer": "cpu"},
     },
+    # the same on a model a fifth the size (a held-out check of the host figure)
+    "lora1.5b": {
+        "model": "qwen2.5-1.5b",
+        "method": "lora",
+        "nvme": {"offload_param": "nvme", "offload_optimizer": "cpu"},
+        "cpu": {"offload_param": "cpu", "offload_optimizer": "cpu"},
+    },
     "full3b": {
         "model": "qwen2.5-3b",
         "method": "full",
@@ -84,16 +91,41 @@ def _folder_bytes(path: Path) -> int:
     return total
 
 
+def _swap_left(path: Path, wait: float = 60.0) -> int:
+    """What is left of a job's swap folder once the worker has cleaned up after its run (it removes
+    the folder after the job's last status: wait for that, up to ``wait`` seconds)."""
+    deadline = time.monotonic() + wait
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return _folder_bytes(path)
+
+
+def _training_rss() -> int:
+    """Resident bytes of the training processes running now (``python -m worker.train``)."""
+    import psutil
+
+    total = 0
+    for proc in psutil.process_iter(["cmdline", "memory_info"]):
+        cmd = proc.info.get("cmdline") or []
+        if "worker.train" in cmd and proc.info.get("memory_info") is not None:
+            total += proc.info["memory_info"].rss
+    return total
+
+
 class SwapSampler(threading.Thread):
-    """The largest size the NVMe swap folder reached."""
+    """The largest size the NVMe swap folder reached, and the training process's host RSS over
+    time (to place its peak among the run's phases, whose times its progress file gives)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(daemon=True)
         self.path, self.peak, self.stop = path, 0, threading.Event()
+        self.rss: list[tuple[float, int]] = []
 
     def run(self) -> None:
-        while not self.stop.wait(1.0):
+        while not self.stop.wait(0.5):
             self.peak = max(self.peak, _folder_bytes(self.path))
+            if rss := _training_rss():
+                self.rss.append((round(time.time(), 2), rss))
 
 
 def _spec(
@@ -115,7 +147,7 @@ def _run_job(
     if resp.status_code != 201:
         return {"submit_error": resp.json()}
     jid = resp.json()["id"]
-    sampler = SwapSampler(swap)
+    sampler = SwapSampler(swap / jid)  # the job's own swap folder (worker.launcher.with_job_swap)
     sampler.start()
     try:
         job = wait_jobs(client, [jid], timeout)[jid]
@@ -127,19 +159,42 @@ def _run_job(
     result.update(
         planned_nvme_bytes=plan["nvme"]["total_bytes"],
         measured_nvme_bytes=sampler.peak,
+        host_rss_timeline=sampler.rss,
         planned_host_bytes=plan["host"]["total_bytes"],
-        measured_host_rss_bytes=job.get("measured_host_rss_bytes"),
+        measured_host_rss_bytes=(job.get("progress") or {}).get("measured_host_rss_bytes"),
+        swap_left_bytes=_swap_left(swap / jid),
         planned_tokens_per_second=plan["estimated_tokens_per_second"],
     )
     shutil.rmtree(data_dir / "jobs" / jid / "checkpoints", ignore_errors=True)
     return result
 
 
+def replan(result: dict[str, Any], where: Path) -> Any:
+    """A job of a report planned by today's planner as it ran: its spec with the model as a folder
+    of the bench model's config and a weight file of its size (``bench.field_cases.model_folder``),
+    on the box its plan saw (GPU, host memory, NVMe space)."""
+    from bench.cases import MODELS
+    from bench.field_cases import model_folder
+    from planner import plan
+
+    job = result["job"]
+    name = Path(job["spec"]["model"]["path"]).name.removesuffix("-random")
+    hw = job["plan"]["hardware"]
+    spec = {**job["spec"], "model": {"path": str(model_folder(dict(MODELS[name]), where))}}
+    spec["dataset"] = {**spec["dataset"], "path": "rows.jsonl", "eval_fraction": 0.0}
+    spec["hardware"] = {"gpu_count": hw["gpu_count"], "gpu_name": hw["gpu_name"],
+                        "gpu_memory_bytes": int(hw["gpu_memory_bytes"]["value"]),
+                        "host_memory_bytes": int(hw["host_memory_bytes"]["value"]),
+                        "nvme_bytes": int(hw["nvme_bytes"]["value"])}
+    return plan(spec)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=REPO / ".cache" / "nvme-bench")
-    ap.add_argument("--pairs", default="lora7b", help="lora7b, full3b, full1.5b, comma-separated")
+    ap.add_argument("--pairs", default="lora7b", help=", ".join(PAIRS) + ", comma-separated")
+    ap.add_argument("--sides", default="nvme,cpu", help="which jobs of each pair run: nvme, cpu or both")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--micro-batch", type=int, default=1)
@@ -149,6 +204,9 @@ def main() -> int:
     pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
     if not pairs or not set(pairs) <= set(PAIRS):
         ap.error(f"--pairs takes {', '.join(PAIRS)}")
+    sides = [w.strip() for w in args.sides.split(",") if w.strip()]
+    if not sides or not set(sides) <= {"nvme", "cpu"}:
+        ap.error("--sides takes nvme, cpu or both")
     t0, work = time.monotonic(), args.work
     prefix = work / "libaio"
     for deb in sorted(AIO_VENDOR.glob("*.deb")):
@@ -203,11 +261,11 @@ def main() -> int:
             pair = PAIRS[name]
             model = build_model(pair["model"], models / f"{pair['model']}-random", device)
             report[name] = {}
-            for where in ("nvme", "cpu"):
+            for where in sides:
                 spec = _spec(pair, where, model, data, args.steps, args.seq_len, args.micro_batch)
                 report[name][where] = _run_job(client, spec, data_dir, swap, args.timeout)
                 args.out.write_text(json.dumps(report, indent=1, default=str))
-            nvme, cpu = (report[name][w].get("steady_tokens_per_second") for w in ("nvme", "cpu"))
+            nvme, cpu = (report[name].get(w, {}).get("steady_tokens_per_second") for w in ("nvme", "cpu"))
             report[name]["nvme_over_cpu_tokens_per_second"] = round(nvme / cpu, 4) if nvme and cpu else None
         report["gpus"] = client.get("/v1/gpus").json()
     finally:

@@ -481,8 +481,11 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         nvme += (_FP32 + moments + _FP32) * t
         sub = min(part, s.knobs.sub_group_size)
         # the swap buffers are page-locked by the async I/O op (posix_memalign), not torch's pinned
-        # allocator, so their sizes are not rounded up
+        # allocator, so their sizes are not rounded up; the bf16 gradient partition buffer stays on
+        # the host, pinned, as with the optimizer on the CPU
         pinned += n * s.knobs.optimizer_buffer_count * _FP32 * sub
+        grads = n * _pinned(w * part, pin)
+    param_buffers = 0.0
     if s.zero_stage == 3 and s.offload_param == "cpu":
         params = _offloaded_params(facts, n, pin, s.knobs.param_persistence_threshold)
         # the trainable partitions are then copied into one flat pinned buffer per rank; the
@@ -490,13 +493,15 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         pinned += n * _pinned(w * part, pin)
     elif s.zero_stage == 3 and s.offload_param == "nvme":
         nvme += _model_bytes(facts, s.knobs.param_persistence_threshold)
-        pinned += n * s.knobs.param_buffer_count * s.knobs.param_buffer_size * w
+        param_buffers = n * s.knobs.param_buffer_count * s.knobs.param_buffer_size * w
+        pinned += param_buffers
     # Stages 0-2 build the model on the host before moving it (QLoRA reads its checkpoint as stored,
     # in bf16, and quantises it on the GPU). ZeRO-3's zero.Init builds it in place, partitioned
     # (offloaded parameters included), and from_pretrained then reads the checkpoint one weight file
-    # at a time into host memory on every rank.
+    # at a time into host memory on every rank; with the parameters on NVMe, zero.Init has already
+    # made the swapper's page-locked buffers.
     stored = 2.0 * facts.num_parameters if s.method == "qlora" else _model_bytes(facts)
-    load = n * stored if s.zero_stage < 3 else n * _shard_bytes(facts) + params
+    load = n * stored if s.zero_stage < 3 else n * _shard_bytes(facts) + params + param_buffers
     # ZeRO-3 with the parameters on the GPU flattens each rank's trainable bf16 partitions at
     # deepspeed.initialize by copying them all into one host buffer and back (``defragment``),
     # after the load and before the offloaded states exist, in a process that has not yet loaded
