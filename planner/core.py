@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ from planner.errors import PlanError
 from planner.evaluation import EvalMemory, estimate_eval
 from planner.facts import model_facts
 from planner.hardware import ResolvedHardware, planned_hardware, resolve_hardware
-from planner.lora import resolve_lora
+from planner.lora import LoraTargets, resolve_lora
 from planner.memory import ModelFacts, moment_bytes_per_param
 from planner.models import (
     Alternative,
@@ -135,6 +136,27 @@ def _fp32_dtype_field(config: Mapping[str, Any], where: str) -> str | None:
     return None
 
 
+# One Arch per model config, and one LoRA target set and one ModelFacts per (Arch, settings): the
+# estimators memoise per-model results on these objects (compared by identity), so a model planned
+# again, by another request or another search, reuses them.
+
+
+@lru_cache(maxsize=256)
+def _arch(config_json: str, where: str) -> Arch:
+    return arch_from_config(json.loads(config_json), where)
+
+
+@lru_cache(maxsize=1024)
+def _lora(arch: Arch, r: int, targets: tuple[str, ...], dropout: float) -> LoraTargets:
+    return resolve_lora(arch, r, targets, dropout)
+
+
+@lru_cache(maxsize=1024)
+def _facts(arch: Arch, method: str, lora: LoraTargets | None, precision: str,
+           shard: int | None) -> ModelFacts:
+    return model_facts(arch, method, lora, precision, shard)
+
+
 def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None = None) -> Prepared:
     spec = _as_spec(spec_in)
     given = spec.hardware or hardware
@@ -147,7 +169,7 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
     assert hw.gpu_memory_bytes is not None
     config, where, source = load_model_config(spec)
     try:
-        arch = arch_from_config(config, where)
+        arch = _arch(json.dumps(config, sort_keys=True), where)
     except PlanError as exc:
         if where == "model.config":
             raise
@@ -156,9 +178,9 @@ def prepare(spec_in: JobSpec | Mapping[str, Any], hardware: HardwareSpec | None 
         raise PlanError(where.split(":")[0], f"config.json {key}: {exc.message}") from exc
     lora = None
     if spec.method.value in ("lora", "qlora"):
-        lora = resolve_lora(arch, spec.lora.r, spec.lora.target_modules, spec.lora.dropout)
+        lora = _lora(arch, spec.lora.r, tuple(spec.lora.target_modules), spec.lora.dropout)
     shard = _largest_weight_file(spec)
-    facts = model_facts(arch, spec.method.value, lora, spec.training.precision.value, shard)
+    facts = _facts(arch, spec.method.value, lora, spec.training.precision.value, shard)
     pinned = parse_pinned(spec.resources.deepspeed)
     nvme_bytes = 0 if hw.nvme_unavailable else hw.nvme_bytes
     bounds = Bounds(hw.gpu_count, hw.gpu_memory_bytes, hw.host_memory_bytes, nvme_bytes,
@@ -504,13 +526,24 @@ def _same_named(model: type[_M], *sources: object, **given: Any) -> _M:
     """``model`` from the attributes of ``sources`` that its fields name, and ``given``: the
     planner's estimates and its output name each figure once."""
     values = dict(given)
-    for name in model.model_fields:
-        if name not in values:
-            source = next((s for s in sources if hasattr(s, name)), None)
-            if source is None:
-                raise TypeError(f"nothing gives {model.__name__}.{name}")
-            values[name] = getattr(source, name)
+    for name, i in _field_sources(model, tuple(type(s) for s in sources), frozenset(given)):
+        values[name] = getattr(sources[i], name)
     return model(**values)
+
+
+@lru_cache(maxsize=64)
+def _field_sources(model: type[BaseModel], types: tuple[type, ...], given: frozenset[str]
+                   ) -> tuple[tuple[str, int], ...]:
+    """Which of ``types`` (slotted dataclasses: their fields are class attributes) gives each field
+    of ``model`` not in ``given``: the first that has it."""
+    out = []
+    for name in model.model_fields:
+        if name not in given:
+            i = next((i for i, t in enumerate(types) if hasattr(t, name)), None)
+            if i is None:
+                raise TypeError(f"nothing gives {model.__name__}.{name}")
+            out.append((name, i))
+    return tuple(out)
 
 
 def _per_gpu(c: Candidate, capacity: int) -> PerGpuMemory:
