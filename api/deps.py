@@ -174,16 +174,16 @@ def _token(credentials: HTTPAuthorizationCredentials | None) -> str:
 
 async def _caller(request: Request, credentials: HTTPAuthorizationCredentials | None,
                   look_up: Callable[[str], Awaitable[Principal | None]]) -> Principal:
-    """The bearer token's principal: from the token cache, else ``look_up`` (then cached)."""
+    """The bearer token's principal: from the token cache, else ``look_up`` (then cached), one
+    lookup of a token at a time."""
     token = _token(credentials)
     cache: TokenCache = request.app.state.token_cache
     principal = cache.get(token)
     if principal is None:
-        principal = await look_up(token)
+        principal = await cache.look_up(token, look_up)
         if principal is None:
             raise Unauthorized("the token is unknown or revoked",
                                headers={"WWW-Authenticate": _CHALLENGE + ', error="invalid_token"'})
-        cache.put(token, principal)
     return principal
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -104,13 +106,36 @@ def lookup(session: Session, token: str) -> Principal | None:
 
 
 class TokenCache:
-    """Positive lookups kept ``ttl`` seconds: a revoked token stops working within that time."""
+    """Positive lookups kept ``ttl`` seconds: a revoked token stops working within that time.
+
+    A token's lookups run one at a time (:meth:`look_up`): requests that miss while one is in
+    flight wait for its answer, so an entry's expiry under load costs one query, not one per
+    request in flight."""
 
     def __init__(self, ttl: float, max_entries: int = 10_000) -> None:
         self.ttl = ttl
         self.max_entries = max_entries
         self._entries: dict[str, tuple[float, Principal]] = {}
         self._lock = threading.Lock()
+        self._in_flight: dict[str, asyncio.Future[Principal | None]] = {}
+
+    async def look_up(self, token: str, look_up: Callable[[str], Awaitable[Principal | None]]
+                      ) -> Principal | None:
+        """``look_up(token)``, shared with the requests that ask for the same token meanwhile (on
+        this event loop); a known token's principal is cached. A request cancelled while it waits
+        leaves the lookup running for the others."""
+        pending = self._in_flight.get(token)
+        if pending is None or pending.get_loop() is not asyncio.get_running_loop():
+            pending = asyncio.ensure_future(look_up(token))
+            self._in_flight[token] = pending
+            pending.add_done_callback(lambda done: self._settle(token, done))
+        return await asyncio.shield(pending)
+
+    def _settle(self, token: str, done: asyncio.Future[Principal | None]) -> None:
+        if self._in_flight.get(token) is done:
+            del self._in_flight[token]
+        if not done.cancelled() and done.exception() is None and (principal := done.result()) is not None:
+            self.put(token, principal)
 
     def get(self, token: str) -> Principal | None:
         if self.ttl <= 0:
