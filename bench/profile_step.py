@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from bench.cases import MODELS, hf_config
+from bench.cases import MODELS
 
 #: Steps run before the profiled ones (allocator and autotuning warm-up), and profiled steps.
 WARMUP_STEPS = 3
@@ -30,29 +30,14 @@ TOP = 12
 
 
 def _model(name: str, method: str, checkpointing: bool, on_gpu: bool = True) -> Any:
-    """Random weights from the config, bf16, built straight on the GPU (``on_gpu``; else where the
-    context puts it: under ZeRO-3's ``zero.Init``, partitioned), transformers' own attention;
-    non-reentrant checkpointing and LoRA (q/k/v/o, r 16) as the service's trainer sets them."""
-    import contextlib
+    """The model as the service's trainer builds it (``bench.step_kernels.build``): random weights
+    from the config, bf16, on the GPU (``on_gpu``; else where the context puts it: under ZeRO-3's
+    ``zero.Init``, partitioned), the attention the planner resolves for it, checkpointing and the
+    default LoRA adapter."""
+    from bench.step_kernels import attention_for, build
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    config = hf_config(MODELS[name])
-    config.use_cache = False
-    with torch.device("cuda") if on_gpu else contextlib.nullcontext():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if method == "lora":
-            model.enable_input_require_grads()
-    if method == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, bias="none", task_type="CAUSAL_LM",
-                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-        model = get_peft_model(model, lora)
-    return model
+    return build(name, int(MODELS[name]["num_hidden_layers"]), method, attention_for(name, "auto"),
+                 checkpointing, device="cuda" if on_gpu else None)
 
 
 _KEEP_ALIVE: list[Any] = []  # HfDeepSpeedConfig must outlive model construction (weakref inside HF)

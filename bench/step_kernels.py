@@ -84,9 +84,13 @@ def _config(model: str, layers: int) -> dict[str, Any]:
     return cfg
 
 
-def build(model: str, layers: int, method: str, attn: str, checkpointing: bool, device: str = "cuda") -> Any:
-    """The model as the trainer has it: from its config in bf16 on the GPU, its attention, then
-    checkpointing and LoRA (the service's default adapter) in the trainer's order."""
+def build(model: str, layers: int, method: str, attn: str, checkpointing: bool,
+          device: str | None = "cuda") -> Any:
+    """The model as the trainer has it: from its config in bf16 on ``device`` (None: where the
+    context puts it, partitioned under ZeRO-3's ``zero.Init``), its attention, then checkpointing
+    and LoRA (the service's default adapter) in the trainer's order."""
+    import contextlib
+
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -95,7 +99,7 @@ def build(model: str, layers: int, method: str, attn: str, checkpointing: bool, 
     from worker._trainlib import modeling
 
     config = hf_config(_config(model, layers))
-    with torch.device(device):
+    with torch.device(device) if device else contextlib.nullcontext():
         m = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation=attn)
     m.config.use_cache = False
     if method == "lora":
