@@ -443,14 +443,15 @@ def _job_change_text(changes: Mapping[str, object]) -> str:
 def _alternative(p: Prepared, current: Candidate, c: Candidate, chosen_fits: bool) -> Alternative:
     changes: dict[str, Any] = dict(changes_between(current.setup, c.setup))
     kind = _kind(changes)
-    ratio = c.speed.tokens_per_second / current.speed.tokens_per_second
+    tokens_per_second = c.speed.tokens_per_second * _row_fill(p.spec, c.setup.seq_len)
+    ratio = tokens_per_second / (current.speed.tokens_per_second * _row_fill(p.spec, current.setup.seq_len))
     than = "the chosen configuration" if chosen_fits else "the configuration asked"
     what = _job_change_text(changes)
     reason = (
         f"{what}{c.memory.required_bytes / GIB:.1f} GiB per GPU of "
         f"{p.bounds.gpu_usable / GIB:.1f} GiB usable, "
         f"host {c.memory.host.total_bytes / GIB:.1f} GiB of {p.bounds.host_usable / GIB:.1f} GiB; "
-        f"planned {c.speed.tokens_per_second:,.0f} tokens/s, x{ratio:.2f} of {than}"
+        f"planned {tokens_per_second:,.0f} tokens/s, x{ratio:.2f} of {than}"
     )
     return Alternative(
         changes=changes,
@@ -460,7 +461,7 @@ def _alternative(p: Prepared, current: Candidate, c: Candidate, chosen_fits: boo
         per_gpu_required_bytes=c.memory.required_bytes,
         host_total_bytes=c.memory.host.total_bytes,
         estimated_step_seconds=round(c.speed.step_seconds, 6),
-        estimated_tokens_per_second=round(c.speed.tokens_per_second, 3),
+        estimated_tokens_per_second=round(tokens_per_second, 3),
         reason=reason,
     )
 
@@ -477,14 +478,30 @@ def _steps(spec: JobSpec, global_batch: int) -> int | None:
     ds, t, epochs = spec.dataset, spec.training, spec.training.epochs
     if ds is None or epochs is None:
         return None
+    if t.packing and ds.num_packed_rows is not None:
+        # the rows packing made, less the evaluation's share: a step takes micro_batch of them a GPU
+        train_rows = ds.num_packed_rows * (1 - ds.eval_fraction)
+        return max(1, math.ceil(math.ceil(train_rows) / global_batch * epochs))
     if t.packing and ds.num_tokens is not None:
-        # packed rows are seq_len tokens each: a step is exactly micro_batch x seq_len tokens per GPU
+        # at least this many rows of seq_len tokens (packing keeps whole examples, so rows are
+        # rarely full: num_packed_rows says how many it made)
         train_tokens = ds.num_tokens * (1 - ds.eval_fraction)
         return max(1, math.ceil(math.ceil(train_tokens / t.seq_len) / global_batch * epochs))
     if ds.num_rows is None:
         return None
     train_rows = max(1, math.floor(ds.num_rows * (1 - ds.eval_fraction)))
     return max(1, math.ceil(train_rows / global_batch * epochs))
+
+
+def _row_fill(spec: JobSpec, seq_len: int) -> float:
+    """The share of a packed row's ``seq_len`` positions that hold an example's tokens, from the
+    dataset's counts at the spec's own ``seq_len`` (packing keeps examples whole), else 1: tokens/s
+    counts these tokens, as the trainer does."""
+    ds, t = spec.dataset, spec.training
+    if (not t.packing or ds is None or ds.num_tokens is None or ds.num_packed_rows is None
+            or seq_len != t.seq_len):
+        return 1.0
+    return min(1.0, ds.num_tokens / (ds.num_packed_rows * t.seq_len))
 
 
 def _disk(p: Prepared, s: Setup, steps: int | None, fits: bool, nvme_bytes: int
@@ -673,7 +690,7 @@ def plan(spec: JobSpec | Mapping[str, Any], *, hardware: HardwareSpec | None = N
         disk=disk,
         eval=_eval(p, e, chosen.memory.total_bytes),
         estimated_step_seconds=round(chosen.speed.step_seconds, 6),
-        estimated_tokens_per_second=round(chosen.speed.tokens_per_second, 3),
+        estimated_tokens_per_second=round(chosen.speed.tokens_per_second * _row_fill(p.spec, s.seq_len), 3),
         step_time_factor=p.rates.step_time_factor,
         host_clock_factor=p.rates.host_clock_factor,
         estimated_steps=steps,

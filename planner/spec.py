@@ -87,8 +87,11 @@ class DatasetRef(DataSource):
     #: refuse the job when more than this share of its training rows has no answer token within seq_len
     max_dropped_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.01
     #: tokens of all rows after truncation to seq_len (``tunebox dataset inspect`` reports it): packed
-    #: training takes this many tokens per epoch in rows of seq_len
+    #: training takes this many tokens per epoch
     num_tokens: Annotated[int, Field(ge=1, le=10**13)] | None = None
+    #: the rows of seq_len tokens packing makes of all rows, whole examples in each (the inspection's
+    #: ``packed_rows`` at this seq_len): a packed step takes micro_batch of them, however full
+    num_packed_rows: Annotated[int, Field(ge=1, le=100_000_000)] | None = None
 
 
 class LoraSpec(_Strict):

@@ -542,6 +542,9 @@ def print_inspection(report: dict[str, Any], out: Any) -> None:
     if report["dropped_row_numbers"]:
         print(f"                rows {', '.join(map(str, report['dropped_row_numbers']))}", file=out)
     print(f"tokens          {report['tokens']}  (trained {report['trained_tokens']})", file=out)
+    if report.get("packed_rows"):
+        fill = report["tokens"] / (report["packed_rows"] * report["seq_len"])
+        print(f"packed rows     {report['packed_rows']}  ({fill:.0%} full)", file=out)
     if report.get("example"):
         print("example (trained text between \u27e6 \u27e7):", file=out)
         print(report["example"]["marked"], file=out)

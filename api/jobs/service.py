@@ -273,24 +273,33 @@ def _count_rows(path: Path, declared: str, settings: Settings, name: str | None,
     return info.num_rows
 
 
-def _refuse_dropped_rows(session: Session, spec: JobSpec, path: str) -> None:
-    """A 422 with the counts where a report of this dataset file (``path``), tokenizer and
-    ``seq_len`` (an inspection's, or a trainer's that failed for it) drops more rows than the spec
-    allows."""
+def _with_report(session: Session, spec: JobSpec, path: str) -> JobSpec:
+    """The spec against the stored report of this dataset file (``path``), tokenizer and
+    ``seq_len`` (an inspection's, or a trainer's): a 422 with the counts where it drops more rows
+    than the spec allows; else the spec with the dataset's token counts the spec leaves out (the
+    tokens, and the rows packing makes) taken from it, which the plan's steps, duration and
+    tokens/s are computed from."""
     from tunebox.data_keys import report_keys
     from tunebox.datasets import check_dropped_share
 
     ds = spec.dataset
     if ds is None or not spec.model.path:
-        return
+        return spec
     keys = report_keys(Path(path), Path(spec.model.path))
     if keys is None:
-        return
+        return spec
     report = find_report(session, *keys, spec.training.seq_len, ds.format.value, ds.name)
-    why = report and check_dropped_share(report, ds.max_dropped_fraction,
-                                         "of the file, as last counted with this tokenizer")
+    if report is None:
+        return spec
+    why = check_dropped_share(report, ds.max_dropped_fraction,
+                              "of the file, as last counted with this tokenizer")
     if why:
         raise InvalidInput.for_field("dataset.max_dropped_fraction", why)
+    if ds.num_tokens is not None or ds.num_packed_rows is not None:
+        return spec  # the spec's own counts stand
+    counts = {"num_tokens": report.get("tokens") or None,
+              "num_packed_rows": report.get("packed_rows") or None}
+    return spec.model_copy(update={"dataset": ds.model_copy(update=counts)})
 
 
 def _check_gpu_limit(user: Principal, settings: Settings, num_gpus: int) -> None:
@@ -401,7 +410,7 @@ def create_job(session: Session, settings: Settings, user: Principal, spec: JobS
     spec = resolve_model(spec, settings, required=True)
     spec, dataset_id, eval_dataset_id, data_file = _resolve_dataset(session, spec, settings, user,
                                                                     dataset_row)
-    _refuse_dropped_rows(session, spec, data_file)
+    spec = _with_report(session, spec, data_file)
     spec = _box_nvme_folder(spec, settings)
     plan = make_plan(spec, hardware_for(spec, session, settings))
     _refuse_beyond_context(plan)

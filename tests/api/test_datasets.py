@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from store.db import session_scope
 from store.models import Dataset, Job
 from tests.api.conftest import Env, job_spec
@@ -233,3 +235,35 @@ def test_a_job_whose_inspected_rows_would_be_dropped_is_refused_at_submit_with_t
     assert "1 of 6 rows (16.7%)" in error["message"] and "1.0%" in error["message"]
     assert submit(64, max_dropped_fraction=0.2).status_code == 201  # the limit raised
     assert submit(256).status_code == 201  # another seq_len: not counted
+
+
+def test_a_submission_plans_from_the_inspected_counts_of_its_data_tokenizer_and_seq_len(env: Env) -> None:
+    from tests.tinymodel import build_tiny_model
+
+    build_tiny_model(Path(env.settings.model_roots[0]) / "tiny")
+    ds = env.client.post("/v1/datasets", content=_jsonl(alpaca_rows(40)), headers=env.auth()).json()
+
+    def submit(seq_len: int, **dataset: Any) -> Any:
+        res = env.client.post("/v1/jobs", headers=env.auth(), json=job_spec(
+            model={"path": "tiny"}, dataset={"id": ds["id"], "eval_fraction": 0.0, **dataset},
+            training={"max_steps": None, "epochs": 1, "seq_len": seq_len, "micro_batch_size": 1,
+                      "gradient_accumulation_steps": 1}))
+        assert res.status_code == 201, res.text
+        return res.json()
+
+    before = submit(64)
+    assert before["spec"]["dataset"]["num_tokens"] is None and before["plan"]["estimated_steps"] == 40
+    report = env.client.post("/v1/datasets/inspect", headers=env.auth(), json={
+        "dataset": {"id": ds["id"]}, "model": {"path": "tiny"}, "seq_len": 64}).json()
+    assert report["tokens"] < report["packed_rows"] * 64 and report["packed_rows"] < report["kept_rows"]
+    after = submit(64)
+    counted = after["spec"]["dataset"]
+    assert (counted["num_tokens"], counted["num_packed_rows"]) == (report["tokens"], report["packed_rows"])
+    plan = after["plan"]
+    assert plan["estimated_steps"] == report["packed_rows"]  # one packed row a step, one epoch
+    fill = report["tokens"] / (report["packed_rows"] * 64)
+    assert plan["estimated_tokens_per_second"] == pytest.approx(64 / plan["estimated_step_seconds"] * fill,
+                                                                rel=1e-3)
+    own = submit(64, num_tokens=640)  # the spec's own counts stand
+    assert own["spec"]["dataset"]["num_packed_rows"] is None and own["plan"]["estimated_steps"] == 10
+    assert submit(128)["spec"]["dataset"]["num_tokens"] is None  # no report at this seq_len

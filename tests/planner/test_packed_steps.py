@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import pytest
 
@@ -36,6 +38,44 @@ def test_packed_steps_come_from_the_tokens_and_unpacked_ones_from_the_rows() -> 
     # without token statistics the rows are all the planner has
     assert _steps(True, num_rows=rows) == unpacked
     assert _steps(True) is None
+
+
+def test_the_rows_packing_made_set_the_steps_and_the_real_tokens_a_second() -> None:
+    # 1,000 examples of 600 tokens in rows of 1024: packing keeps them whole, one a row
+    rows, tokens, packed_rows = 1_000, 600_000, 1_000
+    counted = plan(job(training={**TRAINING, "packing": True}, dataset={
+        "path": "/d.jsonl", "eval_fraction": 0.1, "num_rows": rows, "num_tokens": tokens}))
+    packed = plan(job(training={**TRAINING, "packing": True}, dataset={
+        "path": "/d.jsonl", "eval_fraction": 0.1, "num_rows": rows, "num_tokens": tokens,
+        "num_packed_rows": packed_rows}))
+    assert packed.estimated_steps == math.ceil(900 / 16 * 2)
+    assert counted.estimated_steps == math.ceil(math.ceil(tokens * 0.9 / 1024) / 16 * 2)
+    assert counted.estimated_steps < packed.estimated_steps
+    assert packed.estimated_step_seconds == counted.estimated_step_seconds  # the same full-length rows
+    fill = tokens / (packed_rows * 1024)
+    assert packed.estimated_tokens_per_second == pytest.approx(counted.estimated_tokens_per_second * fill,
+                                                               rel=1e-6)
+    assert packed.estimated_duration_seconds == pytest.approx(
+        packed.estimated_steps * packed.estimated_step_seconds, abs=1e-3)
+
+
+def test_alternatives_count_real_tokens_at_the_counted_seq_len_only() -> None:
+    def alternatives(**counts: int) -> dict[str, Any]:
+        spec = job(model={"name": "meta-llama/Llama-3.1-8B"},
+                   training={**TRAINING, "packing": True, "micro_batch_size": "auto"},
+                   resources={"num_gpus": 1, "zero_stage": "auto", "offload_optimizer": "auto",
+                              "offload_param": "auto"},
+                   dataset={"path": "/d.jsonl", "num_rows": 1_000, "num_tokens": 600_000, **counts})
+        return {json.dumps(a.changes, sort_keys=True): a for a in plan(spec).alternatives}
+
+    full, packed = alternatives(), alternatives(num_packed_rows=1_000)
+    assert full.keys() == packed.keys() and full
+    for key, alt in packed.items():
+        assert alt.estimated_step_seconds == full[key].estimated_step_seconds
+        assert f"planned {alt.estimated_tokens_per_second:,.0f} tokens/s" in alt.reason
+        fill = 1.0 if "training.seq_len" in alt.changes else 600_000 / (1_000 * 1024)
+        assert alt.estimated_tokens_per_second == pytest.approx(full[key].estimated_tokens_per_second * fill,
+                                                                rel=1e-6)
 
 
 def test_a_chunked_loss_plans_one_chunk_of_logits_not_the_micro_batchs() -> None:

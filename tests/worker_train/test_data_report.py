@@ -59,6 +59,7 @@ def test_a_run_reports_its_rows_and_tokens_packed_and_unpacked(tmp_path: Path, t
     # less than half full (what first-fit packing guarantees: under twice the fewest rows possible)
     assert packed["packed_rows"] < 40 and packed["packed_rows"] <= 2 * (data["tokens"] // 64 + 1)
     assert unpacked["packed_rows"] is None
+    assert data["packed_rows"] == packed["packed_rows"]  # the report packs as the trainer does
 
 
 def test_tunebox_dataset_inspect_reports_what_training_would_make_of_a_file(
@@ -82,7 +83,7 @@ def test_tunebox_dataset_inspect_reports_what_training_would_make_of_a_file(
     ]
     shown = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
-    assert "rows            43  (kept 40)" in shown.stdout
+    assert "rows            43  (kept 40)" in shown.stdout and "packed rows     " in shown.stdout
     assert (
         "dropped rows    3  (3 no_answer_within_seq_len)" in shown.stdout
         and "rows 41, 42, 43" in shown.stdout

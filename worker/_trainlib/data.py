@@ -319,6 +319,8 @@ def encode_report(tokenizer: Any, rows: Sequence[Row], fmt: Format, seq_len: int
         "dropped": {NO_ANSWER: len(dropped)} if dropped else {},
         "dropped_row_numbers": dropped[:20],
         "kept_rows": len(examples),
+        # the rows of seq_len tokens packing makes of the kept rows (every row, the evaluation's too)
+        "packed_rows": len(pack(examples, seq_len)),
         "tokens": sum(len(e.input_ids) for e in examples),
         "trained_tokens": sum(e.num_targets for e in examples),
     }
