@@ -46,6 +46,7 @@ from bench.service_gpu import (
     collect,
     free_port,
     job_spec,
+    progress_lines,
     stop_serve,
     tunebox,
     wait_jobs,
@@ -89,6 +90,28 @@ def _folder_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):  # a swap file removed meanwhile
                 total += (Path(root) / name).stat().st_size
     return total
+
+
+def rss_by_phase(timeline: list[tuple[float, int]], lines: list[dict[str, Any]]) -> dict[str, int | None]:
+    """The largest sampled RSS of the training process in each phase of its run, by the times of
+    its progress file: ``load`` (to the trainer's start line: the model, DeepSpeed's initialisation),
+    ``first_step`` (to the first step's line: the optimizer's states made), ``steps`` (to the last
+    step's line) and ``save`` (after it)."""
+    start = next((ln["time"] for ln in lines if ln.get("type") == "start"), None)
+    steps = [ln["time"] for ln in lines if ln.get("type") == "progress"]
+    ends = {"load": start, "first_step": steps[0] if steps else None, "steps": steps[-1] if steps else None,
+            "save": None}
+    out: dict[str, int | None] = {}
+    low: float | None = float("-inf")
+    for phase, end in ends.items():
+        if low is None:  # the run ended in an earlier phase
+            out[phase] = None
+            continue
+        high = float("inf") if end is None else end  # the phase the run ended in takes the rest
+        seen = [rss for t, rss in timeline if low < t <= high]
+        out[phase] = max(seen) if seen else None
+        low = end
+    return out
 
 
 def _swap_left(path: Path, wait: float = 60.0) -> int:
@@ -160,6 +183,7 @@ def _run_job(
         planned_nvme_bytes=plan["nvme"]["total_bytes"],
         measured_nvme_bytes=sampler.peak,
         host_rss_timeline=sampler.rss,
+        host_rss_by_phase=rss_by_phase(sampler.rss, progress_lines(data_dir / "jobs" / jid)),
         planned_host_bytes=plan["host"]["total_bytes"],
         measured_host_rss_bytes=(job.get("progress") or {}).get("measured_host_rss_bytes"),
         swap_left_bytes=_swap_left(swap / jid),
