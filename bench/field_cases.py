@@ -29,6 +29,7 @@ import httpx
 
 from bench.service_gpu import (
     REPO,
+    archived_progress,
     build_dataset,
     build_model,
     free_port,
@@ -637,21 +638,16 @@ def box_hardware() -> dict[str, Any]:
 def add_step_seconds(report_path: Path, logs: Path) -> int:
     """Write each job's ``steady_step_seconds`` into a report from its job folders' progress files in
     ``logs`` (the phase's archive of ``--work``); returns how many jobs got one."""
-    import tarfile
-
     report = json.loads(report_path.read_text())
-    with tarfile.open(logs) as tar:
-        members = {m.name.removeprefix("./"): m for m in tar.getmembers() if m.isfile()}
-        found = 0
-        for phase_name, phase in report["phases"].items():
-            for job in phase["jobs"].values():
-                member = members.get(f"tunebox-{phase_name}/jobs/{job.get('id')}/progress.jsonl")
-                if member is None:
-                    continue
-                raw = tar.extractfile(member).read().decode()  # type: ignore[union-attr]
-                lines = [json.loads(ln) for ln in raw.splitlines() if ln.strip()]
-                job["steady_step_seconds"] = steady_step_seconds(lines, skip=2)
-                found += job["steady_step_seconds"] is not None
+    progress = archived_progress(logs)
+    found = 0
+    for phase in report["phases"].values():
+        for job in phase["jobs"].values():
+            lines = progress.get(str(job.get("id")))
+            if lines is None:
+                continue
+            job["steady_step_seconds"] = steady_step_seconds(lines, skip=2)
+            found += job["steady_step_seconds"] is not None
     report_path.write_text(json.dumps(report, indent=1, default=str))
     return found
 

@@ -169,6 +169,22 @@ def progress_lines(job_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def archived_progress(logs: Path) -> dict[str, list[dict[str, Any]]]:
+    """The progress lines of every job folder in an archive of a bench's work folder (its
+    ``-logs.tgz``), by job id."""
+    import tarfile
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    with tarfile.open(logs) as tar:
+        for member in tar.getmembers():
+            parts = member.name.split("/")
+            if member.isfile() and parts[-1] == "progress.jsonl" and len(parts) >= 3 and parts[-3] == "jobs":
+                fh = tar.extractfile(member)
+                raw = fh.read().decode() if fh is not None else ""
+                out[parts[-2]] = [json.loads(line) for line in raw.splitlines() if line.strip()]
+    return out
+
+
 def steady_tokens_per_second(lines: list[dict[str, Any]], skip: int = 3) -> float | None:
     """Median tokens/s over the steps after warm-up, leaving out steps that wrote a checkpoint."""
     ckpt_steps = {ln["step"] for ln in lines if ln["type"] == "checkpoint"}

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.nvme_offload import replan
+from bench.service_gpu import archived_progress
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "nvme-offload"
 HOST_BOUND = 0.10
@@ -79,12 +79,7 @@ def _step_rss(ident: str, result: dict[str, Any]) -> float | None:
     logs = RESULTS / f"{ident.split(':')[0]}-logs.tgz"
     if not logs.exists():
         return None
-    with tarfile.open(logs) as tar:
-        member = next((m for m in tar.getmembers()
-                       if m.name.endswith(f"{result['job']['id']}/progress.jsonl")), None)
-        if member is None or (fh := tar.extractfile(member)) is None:
-            return None
-        lines = [json.loads(line) for line in fh.read().decode().splitlines() if line.strip()]
+    lines = archived_progress(logs).get(result["job"]["id"], [])
     rss = [ln["host_rss_bytes"] for ln in lines if ln.get("type") == "progress" and ln.get("host_rss_bytes")]
     return statistics.median(rss) if rss else None
 
