@@ -276,6 +276,13 @@ def _check_explicit(
         raise PlanError("resources.offload_param", "parameter offload needs resources.zero_stage 3")
     if opt and opt[0] != "none" and stages and stages[0] == 0:
         raise PlanError("resources.offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3")
+    reuse = p.spec.resources.deepspeed.get("stage3_max_reuse_distance")
+    if par == ("nvme",) and reuse and "buffer_count" not in p.pinned.offload_param:
+        raise PlanError(
+            "resources.deepspeed.stage3_max_reuse_distance",
+            "with the parameters on NVMe every parameter kept gathered for reuse holds a swap buffer: "
+            "leave it out (the plan runs 0) or set offload_param.buffer_count for the parameters it keeps",
+        )
     if opt and opt[0] != "none" and p.spec.training.optimizer.value == "adamw_8bit":
         raise PlanError(
             "training.optimizer",
@@ -309,7 +316,7 @@ def _choices(p: Prepared, base: Setup) -> tuple[Choices, bool]:
         global_batch=global_batch,
         explicit_accumulation=t.gradient_accumulation_steps if micro and gpus else None,
         knobs={s: knob_variants(p.facts, base.knobs, s, pinned) for s in stages or free.zero_stage},
-        prefetch_pinned="prefetch_bucket_size" in pinned,
+        pinned=pinned,
     ), auto
 
 

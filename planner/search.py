@@ -122,8 +122,8 @@ class Choices:
     #: the loss's chunk (None: the full logits); a chunk the search offers is tried only where a
     #: micro-batch holds more positions
     loss_chunk_tokens: Sequence[int | None] = (None,)
-    #: the spec sets ``stage3_prefetch_bucket_size`` itself (else parameters on NVMe run without)
-    prefetch_pinned: bool = False
+    #: the ZeroKnobs fields the spec sets (``on_nvme`` leaves them as they are)
+    pinned: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,10 +167,8 @@ def knob_variants(
     checkpointing a layer's recompute in backward holds every frozen parameter it fetches until the
     backward of the module that started it ends, so the buffers hold one decoder layer's swapped
     tensors and one more (the jobs that failed with fewer, or smaller, buffers:
-    ``bench/results/nvme-offload``). That holds only without prefetching: DeepSpeed's NVMe prefetch
-    takes every free buffer for the parameters its trace expects next, and a fetch of any other then
-    finds none, so ``points`` runs parameters on NVMe without a prefetch bucket unless the spec sets
-    one.
+    ``bench/results/nvme-offload``). That holds only where each parameter gives its buffer back once
+    its module has run: ``on_nvme``.
     """
     if stage == 0:
         return (knobs,)
@@ -188,6 +186,21 @@ def knob_variants(
     if not lean_changes:
         return (knobs,)
     return knobs, replace(knobs, **lean_changes)  # type: ignore[arg-type]
+
+
+def on_nvme(knobs: ZeroKnobs, pinned: frozenset[str]) -> ZeroKnobs | None:
+    """The knobs of a point whose parameters live on NVMe, where each gathered parameter holds a swap
+    buffer of its own. DeepSpeed's NVMe prefetch takes every free buffer for the parameters its
+    trace expects next, and once the trace is complete (from the second step on) the coordinator
+    keeps gathered every parameter used again within ``stage3_max_reuse_distance`` elements: a
+    fetch of any other parameter then finds no buffer (``Not enough buffers 0 for swapping 1``;
+    ``bench/results/nvme-offload``). Without a prefetch bucket and with a reuse distance of 0,
+    ``knob_variants``' buffers hold. A knob the spec sets stays as it is; a reuse distance it sets
+    with buffers it leaves to the planner has no NVMe point (None)."""
+    if "max_reuse_distance" in pinned and knobs.max_reuse_distance > 0 and "param_buffer_count" not in pinned:
+        return None
+    changes = {k: 0 for k in ("prefetch_bucket_size", "max_reuse_distance") if k not in pinned}
+    return replace(knobs, **changes)  # type: ignore[arg-type]
 
 
 def _divisors(n: int) -> list[int]:
@@ -240,9 +253,10 @@ def points(base: Setup, ch: Choices) -> Iterator[tuple[Setup, int]]:
         for stage, opt, par in devices:
             for ckpt in ch.gradient_checkpointing:
                 for chunk in chunks:
-                    for rank, knobs in enumerate(ch.knobs.get(stage, (b.knobs,))):
-                        if par == "nvme" and not ch.prefetch_pinned:
-                            knobs = replace(knobs, prefetch_bucket_size=0)
+                    for rank, variant in enumerate(ch.knobs.get(stage, (b.knobs,))):
+                        knobs = on_nvme(variant, ch.pinned) if par == "nvme" else variant
+                        if knobs is None:
+                            continue
                         yield Setup(
                             b.method, gpus, stage, opt, par, micro, accum, b.seq_len, ckpt, b.precision,
                             b.optimizer, b.attn_implementation, knobs, chunk, b.attention_mask,

@@ -21,7 +21,7 @@ from planner.catalogue import catalogue
 from planner.dsconfig import OFFLOAD_OPTIMIZER_KEYS, OFFLOAD_PARAM_KEYS, ZERO_KEYS
 from planner.errors import PlanError
 from planner.lora import resolve_lora
-from tests.planner.support import hardware, job
+from tests.planner.support import GIB, hardware, job
 
 # The ds_config tests read DeepSpeed's pydantic models; they need no distributed setup.
 ds_zero = pytest.importorskip("deepspeed.runtime.zero.config")
@@ -410,16 +410,43 @@ def test_nvme_parameter_buffers_the_user_sets_are_kept_or_refused() -> None:
     assert f"{embedding:,}" in err.value.message
 
 
-def test_parameters_on_nvme_run_without_prefetching_unless_the_spec_sets_it() -> None:
+def test_parameters_on_nvme_give_their_buffers_back_unless_the_spec_says_otherwise() -> None:
     """DeepSpeed's NVMe prefetch takes every free swap buffer for the parameters its trace expects
-    next; the buffers hold one layer's tensors and one more only when every fetch is the demand of
-    the module that runs. Parameters on the CPU keep the prefetch bucket."""
-    spec = job(model={"name": "Qwen/Qwen2.5-7B"}, resources=dict(NVME_PARAMS),
+    next, and from the second step its coordinator keeps gathered every parameter used again within
+    stage3_max_reuse_distance elements; the buffers hold one layer's tensors and one more only when
+    every fetch is the demand of the module that runs and gives its buffer back after it (a
+    Qwen2.5-1.5B LoRA job at reuse distance 1e9 failed its second step with eight buffers,
+    bench/results/nvme-offload). Parameters on the CPU keep both."""
+    spec = job(model={"name": "Qwen/Qwen2.5-1.5B"}, resources=dict(NVME_PARAMS),
                hardware=hardware(nvme_gib=2000))
     zero = plan(spec).deepspeed_config["zero_optimization"]
     assert zero["stage3_prefetch_bucket_size"] == 0
-    on_cpu = job(model={"name": "Qwen/Qwen2.5-7B"}, resources=NVME_PARAMS | {"offload_param": "cpu"})
-    assert plan(on_cpu).deepspeed_config["zero_optimization"]["stage3_prefetch_bucket_size"] > 0
+    assert zero["stage3_max_reuse_distance"] == 0
+    on_cpu = job(model={"name": "Qwen/Qwen2.5-1.5B"}, resources=NVME_PARAMS | {"offload_param": "cpu"})
+    cpu_zero = plan(on_cpu).deepspeed_config["zero_optimization"]
+    assert cpu_zero["stage3_prefetch_bucket_size"] > 0 and cpu_zero["stage3_max_reuse_distance"] > 0
     spec["resources"]["deepspeed"] = {"stage3_prefetch_bucket_size": 50_000_000}
     pinned = plan(spec).deepspeed_config["zero_optimization"]
     assert pinned["stage3_prefetch_bucket_size"] == 50_000_000
+
+
+def test_a_reuse_distance_with_parameters_on_nvme_needs_its_buffers_set() -> None:
+    """A reuse distance the spec sets keeps parameters in swap buffers the planner does not size:
+    with the parameters on NVMe as asked it is refused, naming the field, unless the spec sets the
+    buffers too; where the planner picks the offload, it picks no NVMe point for it."""
+    reuse = {"stage3_max_reuse_distance": 100_000_000}
+    spec = job(model={"name": "Qwen/Qwen2.5-1.5B"}, resources=NVME_PARAMS | {"deepspeed": dict(reuse)},
+               hardware=hardware(nvme_gib=2000))
+    with pytest.raises(PlanError) as err:
+        plan(spec)
+    assert err.value.field == "resources.deepspeed.stage3_max_reuse_distance"
+    spec["resources"]["deepspeed"] = reuse | {"offload_param": {"buffer_count": 200}}
+    zero = plan(spec).deepspeed_config["zero_optimization"]
+    assert zero["stage3_max_reuse_distance"] == 100_000_000 and zero["offload_param"]["buffer_count"] == 200
+    # a 7B full fine-tune on a 24 GiB card with 64 GiB of host RAM: only NVMe holds its states
+    auto = {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "auto", "offload_param": "auto"}
+    big = job(model={"name": "Qwen/Qwen2.5-7B"}, method="full", resources=dict(auto),
+              hardware=hardware(nvme_gib=2000, gpu_bytes=24 * GIB, host_gib=64))
+    assert plan(big).resolved.offload_param == "nvme"
+    big["resources"]["deepspeed"] = dict(reuse)
+    assert plan(big).resolved.offload_param != "nvme"
