@@ -224,6 +224,8 @@ def main() -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=420, help="seconds per job")
     ap.add_argument("--tiny", action="store_true", help="tiny models on the CPU: a smoke test of this script")
+    ap.add_argument("--deepspeed", type=json.loads, default={}, metavar="JSON",
+                    help="resources.deepspeed of every job (knobs the plan keeps as given)")
     args = ap.parse_args()
     pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
     if not pairs or not set(pairs) <= set(PAIRS):
@@ -241,6 +243,7 @@ def main() -> int:
         "steps": args.steps,
         "seq_len": args.seq_len,
         "micro_batch": args.micro_batch,
+        "deepspeed": args.deepspeed,
     }
     models, datasets, data_dir, swap = work / "models", work / "data", work / "tunebox", work / "swap"
     swap.mkdir(parents=True, exist_ok=True)
@@ -287,6 +290,7 @@ def main() -> int:
             report[name] = {}
             for where in sides:
                 spec = _spec(pair, where, model, data, args.steps, args.seq_len, args.micro_batch)
+                spec["resources"]["deepspeed"] = dict(args.deepspeed)
                 report[name][where] = _run_job(client, spec, data_dir, swap, args.timeout)
                 args.out.write_text(json.dumps(report, indent=1, default=str))
             nvme, cpu = (report[name].get(w, {}).get("steady_tokens_per_second") for w in ("nvme", "cpu"))

@@ -90,6 +90,7 @@ class HostEstimate:
     checkpoint_save_bytes: int
     model_load_bytes: int
     partition_staging_bytes: int
+    first_step_states_bytes: int
     optimizer_states_bytes: int
     master_weights_bytes: int
     gradients_bytes: int
@@ -454,7 +455,7 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     n, t = s.num_gpus, facts.trainable_parameters
     pin = s.knobs.pin_memory
     part = t / (1 if s.zero_stage == 0 else n)
-    master = optimizer = grads = params = pinned = 0.0
+    master = optimizer = grads = params = pinned = first_step = 0.0
     nvme = 0.0
     moments = moment_bytes_per_param(s.optimizer)
     if s.offload_optimizer == "cpu" and s.zero_stage == 3:
@@ -485,6 +486,9 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         # the host, pinned, as with the optimizer on the CPU
         pinned += n * s.knobs.optimizer_buffer_count * _FP32 * sub
         grads = n * _pinned(w * part, pin)
+        # the first step creates each sub-group's moments in pageable host memory before it swaps
+        # them out: the largest group's stay beside the buffers until then
+        first_step = n * moments * max(_sub_groups(facts, n, int(s.knobs.sub_group_size)), default=0)
     param_buffers = 0.0
     if s.zero_stage == 3 and s.offload_param == "cpu":
         params = _offloaded_params(facts, n, pin, s.knobs.param_persistence_threshold)
@@ -514,13 +518,14 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     # adds its host copies on top of the offloaded states
     training = n * C.HOST_TRAINING_PROCESS_BYTES + bookkeeping
     save = _checkpoint_save(facts, s, w)
-    total = max(process + load, training + resident + save, host_staging_peak(n, staging))
+    total = max(process + load, training + resident + max(save, first_step), host_staging_peak(n, staging))
     host = HostEstimate(
         process_bytes=process,
         training_process_bytes=training,
         checkpoint_save_bytes=int(save),
         model_load_bytes=int(load),
         partition_staging_bytes=int(staging),
+        first_step_states_bytes=int(first_step),
         optimizer_states_bytes=int(optimizer),
         master_weights_bytes=int(master),
         gradients_bytes=int(grads),

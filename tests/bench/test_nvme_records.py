@@ -113,3 +113,32 @@ def test_the_planned_nvme_bytes_are_the_swap_folders_size(result: dict[str, Any]
     planned = replan(result, models).nvme.total_bytes
     assert abs(planned - measured) <= NVME_BOUND * max(measured, planned), (planned, measured)
     assert result["swap_left_bytes"] == 0  # the worker removed the job's swap files after its run
+
+
+def _phase_plan(host: Any) -> dict[str, int]:
+    """The plan's host figure for the phases of a run that ``bench.nvme_offload.rss_by_phase``
+    splits after its load (which ends once deepspeed.initialize has made the offloaded states, so
+    no one figure of the plan is its peak)."""
+    steps = (host.training_process_bytes + host.master_weights_bytes + host.optimizer_states_bytes
+             + host.gradients_bytes + host.parameters_bytes + host.pinned_buffers_bytes)
+    return {"first_step": steps + host.first_step_states_bytes, "steps": steps,
+            "save": steps + host.checkpoint_save_bytes}
+
+
+PHASES = [pytest.param(result, phase, rss, id=f"{ident}:{phase}") for ident, result in JOBS
+          for phase, rss in (result.get("host_rss_by_phase") or {}).items() if rss and phase != "load"]
+
+
+def test_the_phases_are_in_the_reports() -> None:
+    sampled = {(p.values[0]["job"]["spec"]["resources"]["offload_optimizer"], p.values[1]) for p in PHASES}
+    assert {("nvme", "first_step"), ("nvme", "steps"), ("nvme", "save"), ("cpu", "steps")} <= sampled
+
+
+@pytest.mark.parametrize(("result", "phase", "rss"), PHASES)
+def test_each_phase_of_a_run_holds_its_planned_host_memory(result: dict[str, Any], phase: str, rss: int,
+                                                          models: Path) -> None:
+    """The largest RSS the bench sampled in a phase of the run (load, first step, steps, save), held
+    to the plan's figure for that phase: the first optimizer step of an optimizer on NVMe makes the
+    largest sub-group's moments in host memory before it swaps them out."""
+    planned = _phase_plan(replan(result, models).host)[phase]
+    assert abs(planned - rss) / rss <= HOST_BOUND, (planned, rss)
