@@ -325,6 +325,13 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-qwen3-4b-z3-s2048-mb4", "qwen3-4b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=2048,
             micro=4, accumulation=1, checkpointing=True),
     ]),
+    # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
+    "heldout10-z3-again": (None, [
+        job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
+            micro=4, accumulation=1, checkpointing=True),
+        job("lora-qwen3-4b-z3-s2048-mb4", "qwen3-4b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=2048,
+            micro=4, accumulation=1, checkpointing=True),
+    ]),
     # the loss in chunks against the full logits, the same 8B job otherwise (what a chunk costs a step)
     "chunk": (None, [
         job(f"lora-llama8b-z0-s2048-mb2-{name}", "llama-3.1-8b", "lora", Z0, seq_len=2048, micro=2,
@@ -340,7 +347,7 @@ SHARED_PHASES = {"pack", "pack7b"}
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
-              "heldout7", "heldout8", "heldout9", "heldout10"}
+              "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
