@@ -487,8 +487,9 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         pinned += n * s.knobs.optimizer_buffer_count * _FP32 * sub
         grads = n * _pinned(w * part, pin)
         # the first step creates each sub-group's moments in pageable host memory before it swaps
-        # them out: the largest group's stay beside the buffers until then
-        first_step = n * moments * max(_sub_groups(facts, n, int(s.knobs.sub_group_size)), default=0)
+        # them out, and converts the updated group to a pageable bf16 copy for the GPU (as with
+        # the CPU): the largest group's stay beside the buffers until then
+        first_step = n * (moments + w) * max(_sub_groups(facts, n, int(s.knobs.sub_group_size)), default=0)
     param_buffers = 0.0
     if s.zero_stage == 3 and s.offload_param == "cpu":
         params = _offloaded_params(facts, n, pin, s.knobs.param_persistence_threshold)

@@ -127,8 +127,9 @@ class HostMemory(_Out):
     #: rank's trainable bf16 partitions through (transient; the peak is the larger of it, the model
     #: load and the offloaded states)
     partition_staging_bytes: int
-    #: the optimizer on NVMe: the moments its first step creates for the largest sub-group, in
-    #: host memory until it swaps them out (transient, beside the offloaded states)
+    #: the optimizer on NVMe: the moments its first step creates for the largest sub-group and
+    #: the group's bf16 copy for the GPU, in host memory until it swaps them out (transient,
+    #: beside the offloaded states)
     first_step_states_bytes: int
     optimizer_states_bytes: int
     master_weights_bytes: int
