@@ -325,6 +325,21 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-qwen3-4b-z3-s2048-mb4", "qwen3-4b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=2048,
             micro=4, accumulation=1, checkpointing=True),
     ]),
+    "heldout11": (None, [
+        job("lora-llama3b-z3-s4096-mb2", "llama-3.2-3b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
+            micro=2, accumulation=1, checkpointing=True),
+        job("full-llama1b-z3-s1024-mb8", "llama-3.2-1b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=1024,
+            micro=8, accumulation=1, checkpointing=True),
+        job("qlora-mistral7b-z1-s4096-mb2", "mistral-7b-v0.3", "qlora", ONE_GPU | {"zero_stage": 1},
+            seq_len=4096, micro=2, accumulation=1, checkpointing=True),
+        job("lora-gemma2-2b-z2-s2048-mb4", "gemma-2-2b", "lora", ONE_GPU | {"zero_stage": 2}, seq_len=2048,
+            micro=4, accumulation=1, checkpointing=True),
+        job("full-qwen1.5b-z1-s2048-mb4", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 1}, seq_len=2048,
+            micro=4, accumulation=1, checkpointing=True),
+        job("lora-qwen7b-z2-offopt-s4096-mb2", "qwen2.5-7b", "lora",
+            {"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "cpu", "offload_param": "none"},
+            seq_len=4096, micro=2, accumulation=1, checkpointing=True),
+    ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
         job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
@@ -347,7 +362,7 @@ SHARED_PHASES = {"pack", "pack7b"}
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
-              "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again"}
+              "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
