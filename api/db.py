@@ -47,7 +47,7 @@ class ApiDatabase:
 
 def open_database(url: str) -> ApiDatabase:
     extra = {} if url.startswith("sqlite") else {"pool_size": POOL_SIZE, "max_overflow": 0}
-    engine = make_engine(url, pool_pre_ping=True, **extra)
+    engine = make_engine(url, **extra)
     autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
     return ApiDatabase(engine=engine, sessions=sessionmaker(bind=engine, expire_on_commit=False),
                        reads=sessionmaker(bind=autocommit, expire_on_commit=False))
