@@ -48,6 +48,7 @@ from planner.search import (
     fixes_found,
     knob_variants,
     non_dominated,
+    on_nvme,
     search,
 )
 from planner.setup import OffloadDevice, Setup
@@ -268,6 +269,7 @@ def _check_explicit(
     stages: tuple[int, ...] | None,
     opt: tuple[OffloadDevice, ...] | None,
     par: tuple[OffloadDevice, ...] | None,
+    pinned: frozenset[str],
 ) -> None:
     if p.spec.method.value == "qlora" and stages and stages[0] == 3:
         raise PlanError("resources.zero_stage", "QLoRA runs under ZeRO stage 0, 1 or 2: the trainer loads "
@@ -276,8 +278,7 @@ def _check_explicit(
         raise PlanError("resources.offload_param", "parameter offload needs resources.zero_stage 3")
     if opt and opt[0] != "none" and stages and stages[0] == 0:
         raise PlanError("resources.offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3")
-    reuse = p.spec.resources.deepspeed.get("stage3_max_reuse_distance")
-    if par == ("nvme",) and reuse and "buffer_count" not in p.pinned.offload_param:
+    if par == ("nvme",) and on_nvme(p.pinned.knobs, pinned) is None:
         raise PlanError(
             "resources.deepspeed.stage3_max_reuse_distance",
             "with the parameters on NVMe every parameter kept gathered for reuse holds a swap buffer: "
@@ -300,11 +301,11 @@ def _choices(p: Prepared, base: Setup) -> tuple[Choices, bool]:
     par = _device(r.offload_param, p.pinned.offload_param.get("device"))
     ckpt = None if t.gradient_checkpointing == AUTO else (bool(t.gradient_checkpointing),)
     chunk = None if t.loss_chunk_tokens == AUTO else (t.loss_chunk_tokens,)
-    _check_explicit(p, stages, opt, par)
+    pinned = _pinned_knob_fields(p)
+    _check_explicit(p, stages, opt, par, pinned)
     global_batch = t.gradient_accumulation_steps * (micro[0] if micro else 1) * (gpus[0] if gpus else 1)
     free = all_choices(base, p.bounds, global_batch)
     auto = None in (gpus, micro, stages, opt, par, ckpt, chunk)
-    pinned = _pinned_knob_fields(p)
     return Choices(
         num_gpus=gpus or free.num_gpus,
         micro_batch_size=micro,

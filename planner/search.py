@@ -31,6 +31,7 @@ __all__ = [
     "evaluate",
     "fits_bounds",
     "knob_variants",
+    "on_nvme",
     "search",
 ]
 

@@ -84,6 +84,16 @@ def _step_rss(ident: str, result: dict[str, Any]) -> float | None:
     return statistics.median(rss) if rss else None
 
 
+def _phase_plan(host: Any) -> dict[str, int]:
+    """The plan's host figure for the phases of a run that ``bench.nvme_offload.rss_by_phase``
+    splits after its load (which ends once deepspeed.initialize has made the offloaded states, so
+    no one figure of the plan is its peak)."""
+    steps = (host.training_process_bytes + host.master_weights_bytes + host.optimizer_states_bytes
+             + host.gradients_bytes + host.parameters_bytes + host.pinned_buffers_bytes)
+    return {"first_step": steps + host.first_step_states_bytes, "steps": steps,
+            "save": steps + host.checkpoint_save_bytes}
+
+
 STEP_RSS = [(ident, result, rss) for ident, result in JOBS if (rss := _step_rss(ident, result))]
 
 
@@ -94,9 +104,7 @@ def test_the_step_rss_is_in_the_job_logs() -> None:
 @pytest.mark.parametrize(("result", "rss"), [pytest.param(r, rss, id=i) for i, r, rss in STEP_RSS])
 def test_the_planned_training_host_memory_holds_the_steps_rss(result: dict[str, Any], rss: float,
                                                               models: Path) -> None:
-    host = replan(result, models).host
-    training = (host.training_process_bytes + host.master_weights_bytes + host.optimizer_states_bytes
-                + host.gradients_bytes + host.parameters_bytes + host.pinned_buffers_bytes)
+    training = _phase_plan(replan(result, models).host)["steps"]
     assert abs(training - rss) / rss <= HOST_BOUND, (training, rss)
 
 
@@ -113,16 +121,6 @@ def test_the_planned_nvme_bytes_are_the_swap_folders_size(result: dict[str, Any]
     planned = replan(result, models).nvme.total_bytes
     assert abs(planned - measured) <= NVME_BOUND * max(measured, planned), (planned, measured)
     assert result["swap_left_bytes"] == 0  # the worker removed the job's swap files after its run
-
-
-def _phase_plan(host: Any) -> dict[str, int]:
-    """The plan's host figure for the phases of a run that ``bench.nvme_offload.rss_by_phase``
-    splits after its load (which ends once deepspeed.initialize has made the offloaded states, so
-    no one figure of the plan is its peak)."""
-    steps = (host.training_process_bytes + host.master_weights_bytes + host.optimizer_states_bytes
-             + host.gradients_bytes + host.parameters_bytes + host.pinned_buffers_bytes)
-    return {"first_step": steps + host.first_step_states_bytes, "steps": steps,
-            "save": steps + host.checkpoint_save_bytes}
 
 
 PHASES = [pytest.param(result, phase, rss, id=f"{ident}:{phase}") for ident, result in JOBS
