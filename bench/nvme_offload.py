@@ -67,8 +67,7 @@ PAIRS: dict[str, dict[str, Any]] = {
         "nvme": {"offload_param": "nvme", "offload_optimizer": "cpu"},
         "cpu": {"offload_param": "cpu", "offload_optimizer": "cpu"},
     },
-    # a larger model that also ties its LM head to its embedding (the 1.5B job's swap folder held
-    # 0.42 GB more than planned; the untied 7B's held the plan to the byte)
+    # a larger model that ties its LM head to its embedding, as the 1.5B does and the 7B does not
     "lora3b": {
         "model": "qwen2.5-3b",
         "method": "lora",
