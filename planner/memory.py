@@ -809,7 +809,8 @@ def _moments_take_a_loss_block(facts: ModelFacts, s: Setup, w: int) -> bool:
     eager attention the fp32 softmax of the scores, if larger) and no larger than the fp32 logits.
     A soft-capped loss keeps two bf16 logits blocks and three fp32 ones, and a moment in either
     costs it a block; an uncapped loss has room for moments that fit together in its bf16 logits
-    block and loses an fp32 one only when they do not."""
+    block and loses an fp32 one only when they do not, and under ZeRO-3 none (the records of
+    ``ALLOCATOR_MOMENTS_BLOCKS``)."""
     moment = _first_step_moment(facts, s)
     arch = facts.arch
     per_token = w * arch.intermediate_size
@@ -820,7 +821,7 @@ def _moments_take_a_loss_block(facts: ModelFacts, s: Setup, w: int) -> bool:
         return False
     if arch.final_logit_softcapping:
         return True
-    return _moment_tensors(s.optimizer) * moment > w * arch.vocab_size * logits
+    return s.zero_stage != 3 and _moment_tensors(s.optimizer) * moment > w * arch.vocab_size * logits
 
 
 def _stranded_buckets(facts: ModelFacts, s: Setup, w: int) -> float:

@@ -31,7 +31,10 @@ def test_every_measured_or_fitted_constant_names_its_records_and_hardware(name: 
     if c.kind in EVIDENCED:
         assert c.hardware and c.records, f"{name} is {c.kind} but names no hardware or records"
     for record in c.records:
-        assert (RESULTS / record).exists(), f"{name}: bench/results/{record} does not exist"
+        file, _, job = record.partition(":")
+        assert (RESULTS / file).exists(), f"{name}: bench/results/{file} does not exist"
+        if job:  # one job of a field-case report (file:phase:job), as structural terms name them
+            assert _named_jobs([record]), f"{name}: {record} names no job that ran"
 
 
 def test_the_calibration_files_exist_and_every_other_record_is_held_out() -> None:
@@ -115,14 +118,18 @@ def test_the_memory_bound_constants_and_mfu_are_what_the_kernel_record_fits() ->
     assert abs(constants.MFU / matmul_efficiency(report["rows"], rate) - 1) < 0.005
 
 
-def _structure_jobs(name: str) -> list[tuple[str, dict[str, object], dict[str, object]]]:
-    """(ident, job record, box) of each job a structural term names as its evidence."""
+def _named_jobs(records: list[str] | tuple[str, ...]) -> list[tuple[str, dict[str, object], dict[str, object]]]:
+    """(ident, job record, box) of each field-case job that ``records`` name."""
     from bench.field_cases import measured_jobs, record_names
 
-    term = next(s for s in CALIBRATION.structure if s.name == name)
-    files = sorted({RESULTS / r.partition(":")[0] for r in term.records})
-    named = set(term.records)
+    files = sorted({RESULTS / r.partition(":")[0] for r in records})
+    named = set(records)
     return [(ident, job, box) for ident, job, box in measured_jobs(files) if record_names(ident) & named]
+
+
+def _structure_jobs(name: str) -> list[tuple[str, dict[str, object], dict[str, object]]]:
+    """(ident, job record, box) of each job a structural term names as its evidence."""
+    return _named_jobs(next(s for s in CALIBRATION.structure if s.name == name).records)
 
 
 def test_every_structural_term_names_records_that_exist() -> None:
