@@ -54,16 +54,16 @@ Z0 = ONE_GPU | {"zero_stage": 0}
 def job(name: str, model: str, method: str, resources: dict[str, Any], *, seq_len: int = 1024,
         micro: int | str = "auto", accumulation: int = 8, checkpointing: bool | str = "auto",
         targets: list[str] | None = None, optimizer: str = "adamw", alternative: int = 0,
-        chunk: int | str | None = None) -> dict[str, Any]:
+        chunk: int | str | None = None, rank: int = 16) -> dict[str, Any]:
     """A job of a phase. ``alternative=k`` runs the k-th alternative of the plan the service makes
     for this spec (every configuration field pinned as that alternative has it) instead of its choice;
-    ``chunk`` is its ``training.loss_chunk_tokens``."""
+    ``chunk`` is its ``training.loss_chunk_tokens``, ``rank`` its LoRA rank (alpha twice that)."""
     training = {"micro_batch_size": micro, "gradient_accumulation_steps": accumulation, "seq_len": seq_len,
                 "gradient_checkpointing": checkpointing, "optimizer": optimizer}
     if chunk is not None:
         training["loss_chunk_tokens"] = chunk
     return {"name": name, "model": model, "method": method,
-            "lora": {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": targets or ALL_PROJECTIONS},
+            "lora": {"r": rank, "alpha": 2 * rank, "dropout": 0.05, "target_modules": targets or ALL_PROJECTIONS},
             "training": training, "resources": resources,
             **({"alternative": alternative} if alternative else {})}
 
@@ -346,6 +346,19 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("full-qwen1.5b-z1-s2048-mb4", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 1}, seq_len=2048,
             micro=4, accumulation=1, checkpointing=True),
     ]),
+    # unseen ZeRO-3 configurations, one GPU, with the optimizer on the GPU and an uncapped loss, whose
+    # first optimizer step's moments fit the fp32 logits block: the loss block the moments take
+    # (planner/memory.py, _moments_take_a_loss_block), which the planner of heldout11 counted here
+    "heldout12": (None, [
+        job("full-qwen0.5b-z3-s2048-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=2048,
+            micro=4, accumulation=1, checkpointing=True),
+        job("full-llama1b-z3-s2048-mb4", "llama-3.2-1b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=2048,
+            micro=4, accumulation=1, checkpointing=True),
+        job("full-qwen1.5b-z3-s1024-mb8", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=1024,
+            micro=8, accumulation=1, checkpointing=True),
+        job("lora256-llama1b-z3-s1024-mb2", "llama-3.2-1b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=1024,
+            micro=2, accumulation=1, checkpointing=True, rank=256),
+    ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
         job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
@@ -368,7 +381,7 @@ SHARED_PHASES = {"pack", "pack7b"}
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
-              "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11", "heldout11-alone"}
+              "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11", "heldout11-alone", "heldout12"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
