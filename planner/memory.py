@@ -497,7 +497,10 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         # per-parameter blocks they leave stay in torch's pinned-memory cache
         pinned += n * _pinned(w * part, pin)
     elif s.zero_stage == 3 and s.offload_param == "nvme":
-        nvme += _model_bytes(facts, s.knobs.param_persistence_threshold)
+        # zero.Init swaps out the LM head's own weight before transformers ties it to the
+        # embedding, and its file stays in the swap folder
+        tied_head = facts.arch.vocab_size * facts.arch.hidden_size * w if facts.arch.tie_word_embeddings else 0
+        nvme += _model_bytes(facts, s.knobs.param_persistence_threshold) + tied_head
         param_buffers = n * s.knobs.param_buffer_count * s.knobs.param_buffer_size * w
         pinned += param_buffers
     # Stages 0-2 build the model on the host before moving it (QLoRA reads its checkpoint as stored,
