@@ -63,7 +63,8 @@ def job(name: str, model: str, method: str, resources: dict[str, Any], *, seq_le
     if chunk is not None:
         training["loss_chunk_tokens"] = chunk
     return {"name": name, "model": model, "method": method,
-            "lora": {"r": rank, "alpha": 2 * rank, "dropout": 0.05, "target_modules": targets or ALL_PROJECTIONS},
+            "lora": {"r": rank, "alpha": 2 * rank, "dropout": 0.05,
+                     "target_modules": targets or ALL_PROJECTIONS},
             "training": training, "resources": resources,
             **({"alternative": alternative} if alternative else {})}
 
@@ -381,7 +382,8 @@ SHARED_PHASES = {"pack", "pack7b"}
 #: phases whose jobs run one at a time (their hosts' memory together would not fit the box)
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
-              "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11", "heldout11-alone", "heldout12"}
+              "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11",
+              "heldout11-alone", "heldout12"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

@@ -499,7 +499,8 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     elif s.zero_stage == 3 and s.offload_param == "nvme":
         # zero.Init swaps out the LM head's own weight before transformers ties it to the
         # embedding, and its file stays in the swap folder
-        tied_head = facts.arch.vocab_size * facts.arch.hidden_size * w if facts.arch.tie_word_embeddings else 0
+        arch = facts.arch
+        tied_head = arch.vocab_size * arch.hidden_size * w if arch.tie_word_embeddings else 0
         nvme += _model_bytes(facts, s.knobs.param_persistence_threshold) + tied_head
         param_buffers = n * s.knobs.param_buffer_count * s.knobs.param_buffer_size * w
         pinned += param_buffers

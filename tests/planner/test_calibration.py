@@ -118,7 +118,10 @@ def test_the_memory_bound_constants_and_mfu_are_what_the_kernel_record_fits() ->
     assert abs(constants.MFU / matmul_efficiency(report["rows"], rate) - 1) < 0.005
 
 
-def _named_jobs(records: list[str] | tuple[str, ...]) -> list[tuple[str, dict[str, object], dict[str, object]]]:
+Job = tuple[str, dict[str, object], dict[str, object]]
+
+
+def _named_jobs(records: list[str] | tuple[str, ...]) -> list[Job]:
     """(ident, job record, box) of each field-case job that ``records`` name."""
     from bench.field_cases import measured_jobs, record_names
 
@@ -127,7 +130,7 @@ def _named_jobs(records: list[str] | tuple[str, ...]) -> list[tuple[str, dict[st
     return [(ident, job, box) for ident, job, box in measured_jobs(files) if record_names(ident) & named]
 
 
-def _structure_jobs(name: str) -> list[tuple[str, dict[str, object], dict[str, object]]]:
+def _structure_jobs(name: str) -> list[Job]:
     """(ident, job record, box) of each job a structural term names as its evidence."""
     return _named_jobs(next(s for s in CALIBRATION.structure if s.name == name).records)
 
