@@ -4,8 +4,9 @@ Unpacks libaio (``bench/libaio.py``) so DeepSpeed's async I/O op builds, starts 
 on its embedded default with ``TUNEBOX_NVME_BYTES``/``TUNEBOX_NVME_PATH`` set, and runs, one job at
 a time, the pairs asked for:
 
-- ``lora7b`` (``lora1.5b``, ``lora3b``): LoRA on a random-init Qwen2.5-7B (1.5B, 3B), ZeRO-3 with
-  the parameters on NVMe (and the optimizer on the CPU), then the same job with both on the CPU;
+- ``lora7b`` (``lora1.5b``, ``lora3b``, ``lora-llama1b``): LoRA on a random-init Qwen2.5-7B (1.5B,
+  3B; Llama 3.2 1B), ZeRO-3 with the parameters on NVMe (and the optimizer on the CPU), then the
+  same job with both on the CPU;
 - ``full3b`` (``full1.5b``): full fine-tuning of a random-init Qwen2.5-3B (1.5B), ZeRO-3 with the
   optimizer on NVMe, then with the optimizer on the CPU.
 
@@ -70,6 +71,13 @@ PAIRS: dict[str, dict[str, Any]] = {
     # a larger model that ties its LM head to its embedding, as the 1.5B does and the 7B does not
     "lora3b": {
         "model": "qwen2.5-3b",
+        "method": "lora",
+        "nvme": {"offload_param": "nvme", "offload_optimizer": "cpu"},
+        "cpu": {"offload_param": "cpu", "offload_optimizer": "cpu"},
+    },
+    # another family's tied head (Llama 3.2 1B: 128k vocabulary, 2,048 wide)
+    "lora-llama1b": {
+        "model": "llama-3.2-1b",
         "method": "lora",
         "nvme": {"offload_param": "nvme", "offload_optimizer": "cpu"},
         "cpu": {"offload_param": "cpu", "offload_optimizer": "cpu"},
