@@ -497,8 +497,8 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         # per-parameter blocks they leave stay in torch's pinned-memory cache
         pinned += n * _pinned(w * part, pin)
     elif s.zero_stage == 3 and s.offload_param == "nvme":
-        # zero.Init swaps out the LM head's own weight before transformers ties it to the
-        # embedding, and its file stays in the swap folder
+        # a model that ties its LM head to its embedding leaves one more copy of the head in the
+        # swap folder (tests/bench/test_nvme_records.py)
         arch = facts.arch
         tied_head = arch.vocab_size * arch.hidden_size * w if arch.tie_word_embeddings else 0
         nvme += _model_bytes(facts, s.knobs.param_persistence_threshold) + tied_head
