@@ -95,6 +95,23 @@ def pin_alternative(body: dict[str, Any], plan: dict[str, Any], k: int) -> dict[
     return out
 
 
+#: heldout11's jobs (a list of its own: heldout11-alone runs one of them as defined here)
+HELDOUT11 = [
+    job("lora-llama3b-z3-s4096-mb2", "llama-3.2-3b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
+        micro=2, accumulation=1, checkpointing=True),
+    job("full-llama1b-z3-s1024-mb8", "llama-3.2-1b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=1024,
+        micro=8, accumulation=1, checkpointing=True),
+    job("qlora-mistral7b-z1-s4096-mb2", "mistral-7b-v0.3", "qlora", ONE_GPU | {"zero_stage": 1},
+        seq_len=4096, micro=2, accumulation=1, checkpointing=True),
+    job("lora-gemma2-2b-z2-s2048-mb4", "gemma-2-2b", "lora", ONE_GPU | {"zero_stage": 2}, seq_len=2048,
+        micro=4, accumulation=1, checkpointing=True),
+    job("full-qwen1.5b-z1-s2048-mb4", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 1}, seq_len=2048,
+        micro=4, accumulation=1, checkpointing=True),
+    job("lora-qwen7b-z2-offopt-s4096-mb2", "qwen2.5-7b", "lora",
+        {"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "cpu", "offload_param": "none"},
+        seq_len=4096, micro=2, accumulation=1, checkpointing=True),
+]
+
 #: phase -> (per-card limit in GiB or None, jobs)
 PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
     # two 1.5B LoRA jobs that the leases pack onto one card, each held to its plan
@@ -326,27 +343,10 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-qwen3-4b-z3-s2048-mb4", "qwen3-4b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=2048,
             micro=4, accumulation=1, checkpointing=True),
     ]),
-    "heldout11": (None, [
-        job("lora-llama3b-z3-s4096-mb2", "llama-3.2-3b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
-            micro=2, accumulation=1, checkpointing=True),
-        job("full-llama1b-z3-s1024-mb8", "llama-3.2-1b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=1024,
-            micro=8, accumulation=1, checkpointing=True),
-        job("qlora-mistral7b-z1-s4096-mb2", "mistral-7b-v0.3", "qlora", ONE_GPU | {"zero_stage": 1},
-            seq_len=4096, micro=2, accumulation=1, checkpointing=True),
-        job("lora-gemma2-2b-z2-s2048-mb4", "gemma-2-2b", "lora", ONE_GPU | {"zero_stage": 2}, seq_len=2048,
-            micro=4, accumulation=1, checkpointing=True),
-        job("full-qwen1.5b-z1-s2048-mb4", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 1}, seq_len=2048,
-            micro=4, accumulation=1, checkpointing=True),
-        job("lora-qwen7b-z2-offopt-s4096-mb2", "qwen2.5-7b", "lora",
-            {"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "cpu", "offload_param": "none"},
-            seq_len=4096, micro=2, accumulation=1, checkpointing=True),
-    ]),
+    "heldout11": (None, HELDOUT11),
     # heldout11's full ZeRO-1 job as defined there, alone: beside the phase's other models its
     # checkpoint (23.0 GiB) did not fit the disk left, and the service refused it (422)
-    "heldout11-alone": (None, [
-        job("full-qwen1.5b-z1-s2048-mb4", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 1}, seq_len=2048,
-            micro=4, accumulation=1, checkpointing=True),
-    ]),
+    "heldout11-alone": (None, [j for j in HELDOUT11 if j["name"] == "full-qwen1.5b-z1-s2048-mb4"]),
     # unseen ZeRO-3 configurations, one GPU, with the optimizer on the GPU and an uncapped loss, whose
     # first optimizer step's moments fit the fp32 logits block: the loss block the moments take
     # (planner/memory.py, _moments_take_a_loss_block), which the planner of heldout11 counted here
