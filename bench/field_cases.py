@@ -532,6 +532,9 @@ def _plan_summary(plan: dict[str, Any] | None) -> dict[str, Any] | None:
             "host_total_bytes": (plan.get("host") or {}).get("total_bytes"),
             "estimated_step_seconds": plan.get("estimated_step_seconds"),
             "estimated_tokens_per_second": plan.get("estimated_tokens_per_second"),
+            # the box's factors the step was planned with (its host-clock probe, its learned ratio)
+            "host_clock_factor": plan.get("host_clock_factor"),
+            "step_time_factor": plan.get("step_time_factor"),
             "replanned_after_oom": plan.get("replanned_after_oom"),
             "deepspeed_config": plan.get("deepspeed_config")}
 
