@@ -369,21 +369,31 @@ def _replay_gathered(facts: ModelFacts, checkpointing: bool, precision: Precisio
 # --- host and NVMe ------------------------------------------------------------------------------------
 
 
+def _tied_head_copy(facts: ModelFacts, thr: int) -> float:
+    """Bytes of the LM head's own weight that ZeRO-3 offload keeps beside a tied embedding:
+    ``zero.Init`` partitions it as the model is built, before transformers ties it to the
+    embedding, and what it offloaded stays behind (0 for an untied head, or one kept whole under
+    the persistence threshold ``thr``). On the CPU its pinned block stays in torch's pinned-memory
+    cache (on the H200 records, every tied model's pinned bytes after building exceed the
+    partitions by exactly one embedding-sized block per rank, untied ones by nothing); on NVMe its
+    swap file stays in the folder (tests/bench/test_nvme_records.py)."""
+    arch = facts.arch
+    vh = arch.vocab_size * arch.hidden_size
+    if not arch.tie_word_embeddings or vh <= thr:
+        return 0.0
+    embedding = next(tn for tn in reversed(facts.tensors) if tn.numel == vh)  # after the layers
+    return float(vh * embedding.elem_bytes)
+
+
 @lru_cache(maxsize=1024)
 def _offloaded_params(facts: ModelFacts, n: int, pin: bool, thr: int) -> float:
-    """Host bytes of ZeRO-3's CPU parameter partitions, all ranks (the same for every micro-batch).
-    With tied embeddings, ``zero.Init`` partitions the LM head's own weight as the model is built,
-    before transformers ties it to the embedding: its pinned block stays in torch's pinned-memory
-    cache (on the H200 records, every tied model's pinned bytes after building exceed the
-    partitions by exactly one embedding-sized block per rank, untied ones by nothing)."""
+    """Host bytes of ZeRO-3's CPU parameter partitions, all ranks (the same for every micro-batch),
+    with each rank's part of a tied model's LM head copy (``_tied_head_copy``)."""
     partitions = sum(
         _pinned(tn.numel * tn.elem_bytes / n, pin) * tn.copies for tn in facts.tensors if tn.numel > thr
     )
-    arch = facts.arch
-    vh = arch.vocab_size * arch.hidden_size
-    if arch.tie_word_embeddings and vh > thr:
-        embedding = next(tn for tn in reversed(facts.tensors) if tn.numel == vh)  # after the layers
-        partitions += _pinned(vh * embedding.elem_bytes / n, pin)
+    if head := _tied_head_copy(facts, thr):
+        partitions += _pinned(head / n, pin)
     return n * partitions
 
 
@@ -497,11 +507,8 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
         # per-parameter blocks they leave stay in torch's pinned-memory cache
         pinned += n * _pinned(w * part, pin)
     elif s.zero_stage == 3 and s.offload_param == "nvme":
-        # a model that ties its LM head to its embedding leaves one more copy of the head in the
-        # swap folder (tests/bench/test_nvme_records.py)
-        arch = facts.arch
-        tied_head = arch.vocab_size * arch.hidden_size * w if arch.tie_word_embeddings else 0
-        nvme += _model_bytes(facts, s.knobs.param_persistence_threshold) + tied_head
+        thr = s.knobs.param_persistence_threshold
+        nvme += _model_bytes(facts, thr) + _tied_head_copy(facts, thr)
         param_buffers = n * s.knobs.param_buffer_count * s.knobs.param_buffer_size * w
         pinned += param_buffers
     # Stages 0-2 build the model on the host before moving it (QLoRA reads its checkpoint as stored,
