@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -573,19 +574,20 @@ def _result(client: httpx.Client, jid: str, data_dir: Path) -> dict[str, Any]:
     }
 
 
-def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps: int,
-              timeout: float, wait_probe: float = 0.0) -> dict[str, Any]:
-    limit_gib, jobs = PHASES[name]
-    data_dir = work / f"tunebox-{name}"
+def job_body(spec: dict[str, Any], steps: int) -> dict[str, Any]:
+    """A phase's job as the bench submits it, less its model folder and dataset."""
+    body = {**spec, "eval": {"when": "none"}}
+    body["training"] = {**spec["training"], "max_steps": steps, "epochs": None, "save_steps": 10_000,
+                        "precision": "bf16", "learning_rate": 2e-4 if spec["method"] != "full" else 2e-5}
+    return body
+
+
+def _serve(name: str, data_dir: Path, work: Path, env_extra: dict[str, str]
+           ) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+    """``tunebox serve`` on its embedded default over ``data_dir``, and an admin's client of it."""
     env = dict(os.environ)
-    env.update({"TUNEBOX_DATA_DIR": str(data_dir),
-                "TUNEBOX_MODEL_ROOTS": json.dumps(sorted({str(p.parent) for p in models.values()})),
-                "TUNEBOX_DATASET_ROOTS": json.dumps([str(data.parent)]),
-                "TUNEBOX_PROGRESS_INTERVAL_S": "1",
-                "TUNEBOX_WORKER_CONCURRENCY": "1" if name in SEQUENTIAL else "0",
-                "PYTHONPATH": f"{REPO}:{env.get('PYTHONPATH', '')}"})
-    if limit_gib is not None:
-        env["TUNEBOX_GPU_MEMORY_LIMIT_BYTES"] = str(int(limit_gib * GIB))
+    env.update({"TUNEBOX_DATA_DIR": str(data_dir), "TUNEBOX_PROGRESS_INTERVAL_S": "1",
+                "PYTHONPATH": f"{REPO}:{env.get('PYTHONPATH', '')}", **env_extra})
     for key in ("TUNEBOX_BROKER_URL", "TUNEBOX_DATABASE_URL"):
         env.pop(key, None)
     tunebox(env, "db", "upgrade")
@@ -596,6 +598,22 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
                              cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
                           headers={"Authorization": f"Bearer {token}"})
+    return serve, client
+
+
+def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps: int,
+              timeout: float, wait_probe: float = 0.0,
+              save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run a phase's jobs through a fresh service; ``save`` gets the phase's record as soon as its
+    jobs' results are in, before the service stops (a bench cut off while it stops keeps them)."""
+    limit_gib, jobs = PHASES[name]
+    data_dir = work / f"tunebox-{name}"
+    env = {"TUNEBOX_MODEL_ROOTS": json.dumps(sorted({str(p.parent) for p in models.values()})),
+           "TUNEBOX_DATASET_ROOTS": json.dumps([str(data.parent)]),
+           "TUNEBOX_WORKER_CONCURRENCY": "1" if name in SEQUENTIAL else "0"}
+    if limit_gib is not None:
+        env["TUNEBOX_GPU_MEMORY_LIMIT_BYTES"] = str(int(limit_gib * GIB))
+    serve, client = _serve(name, data_dir, work, env)
     out: dict[str, Any] = {"card_limit_bytes": int(limit_gib * GIB) if limit_gib else None, "jobs": {}}
     started = time.monotonic()
     try:
@@ -606,12 +624,8 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
         for spec in jobs:
             spec = dict(spec)
             alternative = spec.pop("alternative", 0)
-            body = {**spec, "model": {"path": str(models[spec["model"]])},
-                    "dataset": {"path": str(data), "format": "alpaca", "eval_fraction": 0.0},
-                    "eval": {"when": "none"}}
-            body["training"] = {**spec["training"], "max_steps": steps, "epochs": None, "save_steps": 10_000,
-                                "precision": "bf16",
-                                "learning_rate": 2e-4 if spec["method"] != "full" else 2e-5}
+            body = {**job_body(spec, steps), "model": {"path": str(models[spec["model"]])},
+                    "dataset": {"path": str(data), "format": "alpaca", "eval_fraction": 0.0}}
             if alternative:
                 auto = client.post("/v1/plans", json={k: v for k, v in body.items() if k != "dataset"}).json()
                 body = pin_alternative(body, auto, alternative)
@@ -638,10 +652,57 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
             time.sleep(3)
         for n, jid in ids.items():
             out["jobs"][n].update(_result(client, jid, data_dir))
+        out["seconds"] = round(time.monotonic() - started, 1)
+        if save is not None:
+            save(out)
     finally:
         out["seconds"] = round(time.monotonic() - started, 1)
         stop_serve(serve)
     return out
+
+
+def recover_phase(name: str, archive: Path, steps: int, work: Path) -> dict[str, Any]:
+    """The record of a phase whose bench was cut off after its jobs ran, rebuilt from the phase's
+    archived service folder (``tunebox-PHASE`` of ``--work``): a copy of it is served again (no
+    GPU needed) and each of the phase's jobs is read as ``run_phase`` reads it. Jobs submitted
+    with an alternative are recorded as they ran, from the plan stored with them."""
+    limit_gib, jobs = PHASES[name]
+    data_dir = work / f"tunebox-{name}"
+    shutil.copytree(archive, data_dir)
+    serve, client = _serve(name, data_dir, work, {"TUNEBOX_WORKER_CONCURRENCY": "0"})
+    out: dict[str, Any] = {"card_limit_bytes": int(limit_gib * GIB) if limit_gib else None, "jobs": {},
+                           "recovered_from_archive": True}
+    try:
+        wait_ready(client, serve, 120, work / f"serve-{name}.log")
+        stored = {j["name"]: j["id"] for j in client.get("/v1/jobs", params={"limit": 200}).json()["items"]}
+        for spec in jobs:
+            spec = {k: v for k, v in spec.items() if k != "alternative"}
+            if spec["name"] not in stored:
+                continue
+            record = record_spec(spec, job_body(spec, steps))
+            out["jobs"][spec["name"]] = {"submit_status": 201, "spec": record,
+                                         **_result(client, stored[spec["name"]], data_dir)}
+    finally:
+        stop_serve(serve)
+    return out
+
+
+def archive_hardware(archive: Path, same_image_as: Path) -> dict[str, Any]:
+    """``box_hardware`` of an archived phase: the card, driver, torch and DeepSpeed as its worker's
+    probe stored them; the host and the other libraries from a report of the same image."""
+    import sqlite3
+
+    with sqlite3.connect(archive / "tunebox.db") as db:
+        name, memory = db.execute("SELECT name, memory_total_bytes FROM gpus ORDER BY id LIMIT 1").fetchone()
+        count = db.execute("SELECT count(*) FROM gpus").fetchone()[0]
+        identity, figures, when = db.execute(
+            "SELECT identity, figures, created_at FROM box_probes ORDER BY id DESC LIMIT 1").fetchone()
+    identity, figures = json.loads(identity), json.loads(figures)
+    image = json.loads(same_image_as.read_text())["hardware"]
+    return {**image, "gpu_name": name, "gpu_memory_bytes": int(memory), "gpu_count": int(count),
+            "cpu_count": figures.get("host_cpu_count", image.get("cpu_count")),
+            "driver": identity["driver"], "torch": identity["torch"], "deepspeed": identity["deepspeed"],
+            "date": str(when)[:10], "host_and_libraries_from": same_image_as.name}
 
 
 def wait_for_probe(client: httpx.Client, seconds: float) -> float | None:
@@ -712,6 +773,12 @@ def main() -> int:
                     help="print the markdown table of these reports against today's planner")
     ap.add_argument("--add-step-seconds", type=Path, nargs=2, metavar=("REPORT", "LOGS"),
                     help="add each job's steady_step_seconds to REPORT from the progress files in LOGS")
+    ap.add_argument("--recover", type=Path, metavar="SERVICE_FOLDER",
+                    help="write --out for the one --phase from its archived service folder (tunebox-PHASE), "
+                         "for a bench cut off after the phase's jobs ran")
+    ap.add_argument("--same-image-as", type=Path, metavar="REPORT",
+                    help="with --recover: an earlier report of the same GPU image, for the host and library "
+                         "versions the service folder does not store")
     args = ap.parse_args()
     if args.add_step_seconds:
         print(add_step_seconds(*args.add_step_seconds), "jobs")
@@ -728,16 +795,30 @@ def main() -> int:
         return 0
     if not args.out or not args.phase:
         ap.error("--out and at least one --phase are needed")
+    if args.recover:
+        if len(args.phase) != 1 or not args.same_image_as:
+            ap.error("--recover needs one --phase and --same-image-as")
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as where:
+            phase = recover_phase(args.phase[0], args.recover, args.steps, Path(where))
+        args.out.write_text(json.dumps({"hardware": archive_hardware(args.recover, args.same_image_as),
+                                        "steps": args.steps, "phases": {args.phase[0]: phase}},
+                                       indent=1, default=str))
+        return 0
     t0 = time.monotonic()
     wanted = {j["model"] for p in args.phase for j in PHASES[p][1]}
     models = {m: build_model(m, args.work / "models" / m, "cuda") for m in sorted(wanted)}
     data = build_dataset(args.work / "data" / "pattern.jsonl", rows=DATASET_ROWS, words=2500)
     report: dict[str, Any] = {"hardware": box_hardware(), "setup_seconds": round(time.monotonic() - t0, 1),
                               "steps": args.steps, "phases": {}}
+    def save(name: str, phase: dict[str, Any]) -> None:  # kept if the bench is cut off later
+        report["phases"][name] = phase
+        args.out.write_text(json.dumps(report, indent=1, default=str))
+
     for phase in args.phase:
-        report["phases"][phase] = run_phase(phase, models, data, args.work, args.steps, args.timeout,
-                                            args.wait_probe)
-        args.out.write_text(json.dumps(report, indent=1, default=str))  # kept if a later phase is cut off
+        save(phase, run_phase(phase, models, data, args.work, args.steps, args.timeout, args.wait_probe,
+                              save=lambda out, name=phase: save(name, out)))
         for n, r in report["phases"][phase]["jobs"].items():
             print(phase, n, r.get("status") or r.get("submit_status"), "planned",
                   r.get("planned_peak_gpu_bytes"), "nvml", r.get("nvml_peak_bytes"), "reserved",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bench.cases import MODELS
@@ -40,3 +42,32 @@ def test_a_step_is_timed_from_one_progress_record_to_the_next_past_warm_up_and_c
     # warm-up (steps 1-2) and the steps beside the checkpoint (5 and 6) are left out: 0.5, 0.5, 0.6
     assert steady_step_seconds(lines, skip=2) == pytest.approx(0.5)
     assert steady_step_seconds(lines[:2], skip=2) is None
+
+
+def test_a_phase_cut_off_after_its_jobs_ran_is_recovered_from_its_service_folder(tmp_path: Path) -> None:
+    """heldout12's bench was stopped while its service shut down; its record was rebuilt from the
+    archived folder (``--recover``). Rebuilding it again gives each job as the service stored it."""
+    import json
+    import tarfile
+
+    from bench.field_cases import PHASES, archive_hardware, recover_phase
+
+    results = Path(__file__).resolve().parents[2] / "bench" / "results" / "field-cases"
+    with tarfile.open(results / "nvidia-h100-2026-12-06-heldout12-logs.tgz") as tar:
+        tar.extractall(tmp_path / "logs", filter="data")
+    archive = tmp_path / "logs" / "tunebox-heldout12"
+    work = tmp_path / "work"
+    work.mkdir()
+    phase = recover_phase("heldout12", archive, 6, work)
+    assert sorted(phase["jobs"]) == sorted(j["name"] for j in PHASES["heldout12"][1])
+    for record in phase["jobs"].values():
+        progress = [json.loads(line) for line in (archive / "jobs" / record["id"] / "progress.jsonl").open()]
+        steps = [p for p in progress if p["type"] == "progress"]
+        assert record["status"] == "succeeded" and record["steps"] == len(steps) == 6
+        assert record["nvml_peak_bytes"] == max(p["nvml_peak_bytes"] for p in steps)
+        assert record["plan"]["resolved"]["zero_stage"] == record["spec"]["resources"]["zero_stage"] == 3
+    committed = json.loads((results / "nvidia-h100-2026-12-06-heldout12.json").read_text())
+    assert json.loads(json.dumps(phase["jobs"], default=str)) == committed["phases"]["heldout12"]["jobs"]
+    hardware = archive_hardware(archive, results / "nvidia-h100-2026-12-06-heldout11.json")
+    assert hardware["gpu_name"] == "NVIDIA H100 80GB HBM3" and hardware["gpu_memory_bytes"] == 85520809984
+    assert hardware == committed["hardware"]
