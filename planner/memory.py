@@ -525,7 +525,9 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
     staging = n * w * part if s.zero_stage == 3 and s.offload_param == "none" else 0.0
     resident = master + optimizer + grads + params + pinned
     bookkeeping = n * C.HOST_PARAM_OFFLOAD_BYTES if s.zero_stage == 3 and s.offload_param == "cpu" else 0
-    process = n * C.HOST_PROCESS_BYTES + bookkeeping
+    # ZeRO-3 loads inside zero.Init, which has made the CUDA context to partition onto the GPU: the
+    # loading process is the one deepspeed.initialize sees; stages 0-2 load before touching the GPU
+    process = n * (C.HOST_INIT_PROCESS_BYTES if s.zero_stage == 3 else C.HOST_PROCESS_BYTES) + bookkeeping
     # after its first steps a process holds the rest of the CUDA libraries; a checkpoint save then
     # adds its host copies on top of the offloaded states
     training = n * C.HOST_TRAINING_PROCESS_BYTES + bookkeeping
