@@ -76,6 +76,7 @@ def profile(name: str, method: str, seq: int, micro_batch: int, checkpointing: b
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    _KEEP_ALIVE.clear()  # an earlier ZeRO-3 case's, under which this case's model would be partitioned
     if stage is None:
         model = _model(name, method, checkpointing)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -61,3 +61,26 @@ def test_pcie_refuses_a_box_without_a_cuda_gpu() -> None:
         pytest.skip("this box has a CUDA GPU")
     with pytest.raises(SystemExit, match="CUDA"):
         pcie.measure(16)
+
+
+def test_the_host_clock_track_summary_is_the_correlation_of_its_rounds() -> None:
+    """bench/host_clock_track.py: Pearson's r of log step against log probe, recomputed from the
+    rounds of a committed record, is the summary it wrote; exact series give +1 and -1."""
+    import json
+    import math
+
+    from bench.host_clock_track import correlation, summary
+
+    assert correlation([1.0, 2.0, 3.0], [2.0, 4.0, 6.0]) == pytest.approx(1.0)
+    assert correlation([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
+    assert correlation([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
+    assert correlation([1.0, 2.0], [1.0, 2.0]) is None
+    path = (Path(__file__).resolve().parents[2] / "bench" / "results" / "host-clock"
+            / "nvidia-h100-2026-12-06-track-qwen0.5b-z3.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    rounds, written = lines[:-1], lines[-1]["summary"]
+    assert len(rounds) == written["rounds"] == 12
+    assert summary(rounds) == written
+    steps = [math.log(r["step_seconds"]) for r in rounds]
+    probes = [math.log(r["probe"]["hooked_module_us"]) for r in rounds]
+    assert abs(correlation(probes, steps) or 0.0) < 0.2  # the probe did not follow this host-bound step
