@@ -361,6 +361,19 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora256-llama1b-z3-s1024-mb2", "llama-3.2-1b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=1024,
             micro=2, accumulation=1, checkpointing=True, rank=256),
     ]),
+    # LoRA under ZeRO-3, whose load now runs in the process deepspeed.initialize sees: parameters on
+    # the GPU, the optimizer on the CPU, both on the CPU; models no LoRA ZeRO-3 record had
+    "heldout13": (None, [
+        job("lora-qwen1.5b-z3-s2048-mb4", "qwen2.5-1.5b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=2048,
+            micro=4, accumulation=1, checkpointing=True),
+        job("lora-mistral7b-z3-s1024-mb2", "mistral-7b-v0.3", "lora", ONE_GPU | {"zero_stage": 3},
+            seq_len=1024, micro=2, accumulation=1, checkpointing=True),
+        job("lora-llama3b-z3-offopt-s2048-mb2", "llama-3.2-3b", "lora",
+            ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}, seq_len=2048, micro=2, accumulation=1,
+            checkpointing=True),
+        job("lora-qwen3-4b-z3-offload-s1024-mb2", "qwen3-4b", "lora", FIELD_REPORT, seq_len=1024, micro=2,
+            accumulation=1, checkpointing=True),
+    ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
         job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
@@ -384,7 +397,7 @@ SHARED_PHASES = {"pack", "pack7b"}
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
               "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11",
-              "heldout11-alone", "heldout12"}
+              "heldout11-alone", "heldout12", "heldout13"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
