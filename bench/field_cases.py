@@ -677,8 +677,9 @@ def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps:
 def recover_phase(name: str, archive: Path, steps: int, work: Path) -> dict[str, Any]:
     """The record of a phase whose bench was cut off after its jobs ran, rebuilt from the phase's
     archived service folder (``tunebox-PHASE`` of ``--work``): a copy of it is served again (no
-    GPU needed) and each of the phase's jobs is read as ``run_phase`` reads it. Jobs submitted
-    with an alternative are recorded as they ran, from the plan stored with them."""
+    GPU needed) and each of the phase's jobs is read as ``run_phase`` reads it. A job submitted
+    with an alternative keeps its phase's spec here; how it ran is in the plan stored with it,
+    which is what ``replan`` reads."""
     limit_gib, jobs = PHASES[name]
     data_dir = work / f"tunebox-{name}"
     shutil.copytree(archive, data_dir)
