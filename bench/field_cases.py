@@ -361,8 +361,9 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora256-llama1b-z3-s1024-mb2", "llama-3.2-1b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=1024,
             micro=2, accumulation=1, checkpointing=True, rank=256),
     ]),
-    # LoRA under ZeRO-3, whose load now runs in the process deepspeed.initialize sees: parameters on
-    # the GPU, the optimizer on the CPU, both on the CPU; models no LoRA ZeRO-3 record had
+    # LoRA under ZeRO-3, whose load runs in the process deepspeed.initialize sees (calibration.json,
+    # ZERO3_LOADS_IN_THE_INIT_PROCESS): parameters on the GPU, the optimizer on the CPU, both on the
+    # CPU; models no LoRA ZeRO-3 record had
     "heldout13": (None, [
         job("lora-qwen1.5b-z3-s2048-mb4", "qwen2.5-1.5b", "lora", ONE_GPU | {"zero_stage": 3}, seq_len=2048,
             micro=4, accumulation=1, checkpointing=True),
