@@ -684,7 +684,9 @@ def recover_phase(name: str, archive: Path, steps: int, work: Path) -> dict[str,
     limit_gib, jobs = PHASES[name]
     data_dir = work / f"tunebox-{name}"
     shutil.copytree(archive, data_dir)
-    serve, client = _serve(name, data_dir, work, {"TUNEBOX_WORKER_CONCURRENCY": "0"})
+    # its worker runs no job: it builds no DeepSpeed op and probes no host clock
+    quiet = {"TUNEBOX_WORKER_CONCURRENCY": "0", "TUNEBOX_PREBUILD_OPS": "[]", "TUNEBOX_HOST_PROBE": "false"}
+    serve, client = _serve(name, data_dir, work, quiet)
     out: dict[str, Any] = {"card_limit_bytes": int(limit_gib * GIB) if limit_gib else None, "jobs": {},
                            "recovered_from_archive": True}
     try:
