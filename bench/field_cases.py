@@ -375,6 +375,21 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-qwen3-4b-z3-offload-s1024-mb2", "qwen3-4b", "lora", FIELD_REPORT, seq_len=1024, micro=2,
             accumulation=1, checkpointing=True),
     ]),
+    # configurations no service job had: full fine-tuning under ZeRO-3 with the optimizer and the
+    # parameters on the CPU, under ZeRO-2 with the optimizer on the CPU, LoRA under ZeRO-1 with the
+    # optimizer on the CPU, and Lion on a full fine-tune at 2 x 8192 under ZeRO-0
+    "heldout14": (None, [
+        job("full-llama1b-z3-offload-s2048-mb4", "llama-3.2-1b", "full", FIELD_REPORT, seq_len=2048, micro=4,
+            accumulation=1, checkpointing=True),
+        job("full-qwen1.5b-z2-offopt-s2048-mb4", "qwen2.5-1.5b", "full",
+            ONE_GPU | {"zero_stage": 2, "offload_optimizer": "cpu"}, seq_len=2048, micro=4, accumulation=1,
+            checkpointing=True),
+        job("lora-llama3b-z1-offopt-s4096-mb2", "llama-3.2-3b", "lora",
+            ONE_GPU | {"zero_stage": 1, "offload_optimizer": "cpu"}, seq_len=4096, micro=2, accumulation=1,
+            checkpointing=True),
+        job("full-qwen0.5b-z0-s8192-mb2-lion", "qwen2.5-0.5b", "full", Z0, seq_len=8192, micro=2,
+            accumulation=1, checkpointing=True, optimizer="lion"),
+    ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
         job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
@@ -398,7 +413,7 @@ SHARED_PHASES = {"pack", "pack7b"}
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
               "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11",
-              "heldout11-alone", "heldout12", "heldout13"}
+              "heldout11-alone", "heldout12", "heldout13", "heldout14"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
