@@ -390,6 +390,20 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("full-qwen0.5b-z0-s8192-mb2-lion", "qwen2.5-0.5b", "full", Z0, seq_len=8192, micro=2,
             accumulation=1, checkpointing=True, optimizer="lion"),
     ]),
+    # full fine-tunes under ZeRO-0 with optimizers that are not FusedAdam (a checkpoint save without
+    # a flat fp32 group), QLoRA under ZeRO-1 on Gemma 2 at 2 x 4096, and Llama 3.1 8B LoRA under
+    # ZeRO-2 with the optimizer on the CPU
+    "heldout15": (None, [
+        job("full-llama1b-z0-s2048-mb4-sgd", "llama-3.2-1b", "full", Z0, seq_len=2048, micro=4,
+            accumulation=1, checkpointing=True, optimizer="sgd"),
+        job("full-qwen1.5b-z0-s1024-mb4-adamw8bit", "qwen2.5-1.5b", "full", Z0, seq_len=1024, micro=4,
+            accumulation=1, checkpointing=True, optimizer="adamw_8bit"),
+        job("qlora-gemma2-2b-z1-s4096-mb2", "gemma-2-2b", "qlora", ONE_GPU | {"zero_stage": 1}, seq_len=4096,
+            micro=2, accumulation=1, checkpointing=True),
+        job("lora-llama8b-z2-offopt-s2048-mb4", "llama-3.1-8b", "lora",
+            ONE_GPU | {"zero_stage": 2, "offload_optimizer": "cpu"}, seq_len=2048, micro=4, accumulation=1,
+            checkpointing=True),
+    ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
         job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
@@ -413,7 +427,7 @@ SHARED_PHASES = {"pack", "pack7b"}
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
               "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11",
-              "heldout11-alone", "heldout12", "heldout13", "heldout14"}
+              "heldout11-alone", "heldout12", "heldout13", "heldout14", "heldout15"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
