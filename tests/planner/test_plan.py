@@ -795,10 +795,13 @@ def test_a_checkpoint_save_holds_host_copies_of_what_it_saves() -> None:
     and what it keeps on the host."""
     from planner import constants as C
 
-    def planned(method: str = "full", offload: str = "none", gpus: int = 1) -> Any:
-        resources = {"num_gpus": gpus, "zero_stage": 1, "offload_optimizer": offload, "offload_param": "none"}
+    def planned(method: str = "full", offload: str = "none", gpus: int = 1, stage: int = 1,
+                optimizer: str = "adamw") -> Any:
+        resources = {"num_gpus": gpus, "zero_stage": stage, "offload_optimizer": offload,
+                     "offload_param": "none"}
         spec = job(model={"name": "Qwen/Qwen2.5-0.5B"}, method=method, resources=resources,
                    hardware=hardware(gpus=gpus, host_gib=256))
+        spec["training"]["optimizer"] = optimizer
         return plan(spec)
 
     on_gpu = planned()
@@ -821,6 +824,13 @@ def test_a_checkpoint_save_holds_host_copies_of_what_it_saves() -> None:
     assert two.checkpoint_save_bytes == pytest.approx(4 * params / 2 + 2 * (params + tied), rel=1e-6)
     # LoRA writes its adapters: nothing the size of the model
     assert planned(method="lora").host.checkpoint_save_bytes < 0.05 * params
+    # ZeRO-0 flattens the masters for FusedAdam only; any other optimizer keeps one per parameter,
+    # and the largest copy is then the weights rank 0 writes
+    assert planned(stage=0).host.checkpoint_save_bytes == pytest.approx(4 * params, rel=1e-6)
+    for other in ("lion", "sgd", "adamw_8bit"):
+        assert planned(stage=0, optimizer=other).host.checkpoint_save_bytes == pytest.approx(
+            2 * (params + tied), rel=1e-6)
+    assert planned(optimizer="lion").host.checkpoint_save_bytes == pytest.approx(4 * params, rel=1e-6)
 
 
 def test_loss_caches_one_more_block_where_the_first_steps_moments_take_one_of_its_own() -> None:
