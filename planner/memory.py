@@ -435,14 +435,15 @@ def _checkpoint_save(facts: ModelFacts, s: Setup, w: int) -> float:
     ``engine.save_checkpoint`` runs first: torch.save copies each GPU-resident storage of the engine
     to the host one at a time, so a rank holds its largest: an fp32 master group of the optimizer
     on the GPU (ZeRO-3: a sub-group) or ZeRO 0-2's flat 16-bit group of what trains. ZeRO-0 keeps
-    flat groups only for DeepSpeed's FusedAdam (AdamW); with any other optimizer its wrapper keeps
-    one fp32 master per parameter beside the module's own weights, and the largest storage is one
-    parameter's. Then rank 0 copies the weights it writes to the host (full fine-tuning: every
-    16-bit weight, and under ZeRO 0-2 a tied embedding once per name of the state dict; LoRA: the
-    adapters) and holds them while ``save_pretrained`` writes them."""
+    flat groups only for DeepSpeed's FusedAdam (AdamW) in 16-bit precision; with any other
+    optimizer its wrapper keeps one fp32 master per parameter beside the module's own weights (in
+    fp32 there is no wrapper), and the largest storage is one parameter's. Then rank 0 copies the
+    weights it writes to the host (full fine-tuning: every 16-bit weight, and under ZeRO 0-2 a tied
+    embedding once per name of the state dict; LoRA: the adapters) and holds them while
+    ``save_pretrained`` writes them."""
     n, t = s.num_gpus, facts.trainable_parameters
     part = t / (1 if s.zero_stage == 0 else n)
-    if s.zero_stage == 0 and s.optimizer != "adamw":
+    if s.zero_stage == 0 and (s.optimizer != "adamw" or s.precision == "fp32"):
         part = _largest_trainable(facts)
     fp32 = 0.0
     if s.offload_optimizer == "none":
