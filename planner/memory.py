@@ -442,16 +442,15 @@ def _checkpoint_save(facts: ModelFacts, s: Setup, w: int) -> float:
     embedding once per name of the state dict; LoRA: the adapters) and holds them while
     ``save_pretrained`` writes them."""
     n, t = s.num_gpus, facts.trainable_parameters
-    part = t / (1 if s.zero_stage == 0 else n)
-    if s.zero_stage == 0 and (s.optimizer != "adamw" or s.precision == "fp32"):
-        part = _largest_trainable(facts)
+    flat = s.zero_stage > 0 or (s.optimizer == "adamw" and s.precision != "fp32")
+    storage = t / _partition(s) if flat else _largest_trainable(facts)  # elements of the largest
     fp32 = 0.0
     if s.offload_optimizer == "none":
         if s.zero_stage == 3:
             fp32 = _FP32 * max(_sub_groups(facts, n, int(s.knobs.sub_group_size)), default=0)
         else:
-            fp32 = _FP32 * part
-    torch_save = max(fp32, w * part if s.zero_stage < 3 else 0.0)
+            fp32 = _FP32 * storage
+    torch_save = max(fp32, w * storage if s.zero_stage < 3 else 0.0)
     if s.method == "full":
         arch = facts.arch
         tied = arch.tie_word_embeddings and s.zero_stage < 3
