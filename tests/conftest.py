@@ -8,8 +8,12 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tunebox.settings import Settings
 
 PG_ADMIN_URL = os.environ.get("TUNEBOX_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
@@ -107,6 +111,15 @@ _PREBUILT = ("cpu_adam", "fused_adam", "cpu_lion")
 _prebuild: dict[str, object] = {}
 
 
+def _prebuild_settings() -> Settings:
+    from pathlib import Path
+
+    from tunebox.settings import Settings
+
+    root = Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    return Settings(data_dir=root, torch_extensions_dir=root, prebuild_ops=list(_PREBUILT))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the CPU ops the collected tests load in the background, as a worker does at start
     (``worker.prebuild``): single-threaded tests leave a core idle, and the first test to need an op
@@ -119,27 +132,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if (root is None or not folders & set(_OP_USERS) or os.environ.get("DS_ACCELERATOR") != "cpu"
             or os.environ.get("TUNEBOX_TEST_PREBUILD") == "0"):
         return
-    from tunebox.settings import Settings
     from worker.launcher import start_prebuild
 
     # as a worker on a CPU box starts it: its log is ROOT/prebuild.log
-    _prebuild["proc"] = start_prebuild(Settings(data_dir=Path(root), torch_extensions_dir=Path(root),
-                                                prebuild_ops=list(_PREBUILT)), "cpu")
+    _prebuild["proc"] = start_prebuild(_prebuild_settings(), "cpu")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """A build still running is stopped, and the build locks it held are removed: a lock left by a
     killed build would make the next run wait on it."""
     import subprocess
-    from pathlib import Path
 
     proc = _prebuild.pop("proc", None)
-    if not isinstance(proc, subprocess.Popen) or proc.poll() is not None:
-        return
-    from worker._trainlib.extlocks import held_by
+    if isinstance(proc, subprocess.Popen):
+        from worker.launcher import stop_prebuild
 
-    locks = held_by(Path(os.environ["TORCH_EXTENSIONS_DIR"]), proc.pid)
-    proc.kill()
-    proc.wait()
-    for lock in locks:
-        lock.unlink(missing_ok=True)
+        stop_prebuild(proc, _prebuild_settings(), grace_s=0)

@@ -297,13 +297,18 @@ def deepspeed_arch_list(value: str | None) -> str | None:
     return ";".join(out) or None
 
 
+def extensions_dir(settings: Settings) -> Path:
+    """The box's cache of DeepSpeed's compiled ops."""
+    return settings.torch_extensions_dir or settings.data_dir / "torch_extensions"
+
+
 def ops_env(settings: Settings, device: str) -> dict[str, str]:
     """The environment in which a process on ``device`` builds and loads DeepSpeed's ops: the box's
     extensions cache, the accelerator, an arch list DeepSpeed parses."""
     env = dict(os.environ)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    extensions = settings.torch_extensions_dir or settings.data_dir / "torch_extensions"
+    extensions = extensions_dir(settings)
     env.update({
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p),
         "PYTHONUNBUFFERED": "1",
@@ -347,6 +352,20 @@ def start_prebuild(settings: Settings, device: str) -> subprocess.Popen[bytes] |
         return subprocess.Popen([sys.executable, "-m", "worker.prebuild", *settings.prebuild_ops],
                                 env=ops_env(settings, device), cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_prebuild(proc: subprocess.Popen[bytes], settings: Settings, grace_s: float = 5.0) -> None:
+    """Stop a prebuild that is still running (its compilers included: it leads its own session),
+    and remove the build locks it held, which would otherwise hold up the next build of those ops
+    until a trainer's sweeper finds them stale."""
+    if proc.poll() is not None:
+        return
+    from worker._trainlib.extlocks import held_by
+
+    locks = held_by(extensions_dir(settings), proc.pid)
+    terminate_pgid(proc.pid, grace_s, reap=proc.poll)
+    for lock in locks:
+        lock.unlink(missing_ok=True)
 
 
 def rank_env(env: dict[str, str], rank: int, world: int, port: int) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import threading
 import time
 from enum import StrEnum
@@ -29,7 +30,7 @@ from tunebox.gpus import box_device, host_name, sync_inventory
 from tunebox.probe import probe_box
 from tunebox.settings import Settings, get_settings
 from worker import leasing
-from worker.launcher import start_prebuild
+from worker.launcher import start_prebuild, stop_prebuild
 from worker.leasing import Grant
 from worker.reconcile import reconcile_once
 from worker.supervise import JobRun
@@ -124,6 +125,8 @@ class Housekeeping(threading.Thread):
 
 
 _housekeeping: Housekeeping | None = None
+#: the op prebuild this worker started (it leads its own session, so the worker's signals miss it)
+_prebuilt: subprocess.Popen[bytes] | None = None
 
 
 @worker_ready.connect
@@ -143,7 +146,8 @@ def _start_housekeeping(**_: Any) -> None:
 
 
 def _prebuild(settings: Settings) -> None:
-    proc = start_prebuild(settings, box_device(settings))
+    global _prebuilt
+    proc = _prebuilt = start_prebuild(settings, box_device(settings))
     if proc is not None and proc.wait() != 0:  # waited for, so the worker reaps it
         log.warning("building DeepSpeed's ops failed (exit %s): see %s", proc.returncode,
                     settings.data_dir / "prebuild.log")
@@ -153,3 +157,5 @@ def _prebuild(settings: Settings) -> None:
 def _stop_housekeeping(**_: Any) -> None:
     if _housekeeping is not None:
         _housekeeping.stopping.set()
+    if _prebuilt is not None:  # a worker that stops takes its build with it
+        stop_prebuild(_prebuilt, get_settings())

@@ -302,3 +302,22 @@ def test_a_jobs_nvme_swap_files_are_its_own_and_go_when_its_run_ends(worker, db_
     assert written == [str(root / job_id / "zero_stage_3" / "offload_optimizer" / "rank0" / "0.tensor.swp")]
     assert wait_for(lambda: not (root / job_id).exists(), 10, "the job's swap folder removed")
     assert root.is_dir()
+
+
+def test_a_worker_that_stops_stops_its_op_build_and_removes_its_lock(db_url, redis_url, tmp_path):
+    # an empty extensions cache: the prebuild compiles cpu_adam, holding its build lock for a minute
+    cache = tmp_path / "torch_extensions"
+    env = worker_env(db_url, redis_url, tmp_path / "data", prebuild_ops='["cpu_adam"]', torch_extensions_dir=cache)
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    try:
+        assert worker.proc is not None
+        building = wait_for(lambda: [c for c in psutil.Process(worker.proc.pid).children()
+                                     if "worker.prebuild" in c.cmdline()], 60, "the prebuild started")[0]
+        lock = cache / "cpu_adam" / "lock"
+        wait_for(lock.exists, 120, f"the build holding {lock} (log: {worker.log_path})")
+        group = [building, *building.children(recursive=True)]
+    finally:
+        worker.stop()
+    assert worker.proc.returncode is not None
+    wait_for(lambda: _no_process_left([p.pid for p in group]), 15, "the build's processes gone")
+    assert not lock.exists()
