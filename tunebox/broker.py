@@ -11,12 +11,14 @@ Send only after the commit that created the job row: a worker that receives the 
 
 from __future__ import annotations
 
+import threading
+import uuid
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from kombu import Queue
+from kombu import Queue, serialization
 
 from tunebox.settings import Settings, get_settings
 
@@ -24,6 +26,8 @@ __all__ = ["GPU_QUEUE", "RUN_JOB_TASK", "broker_folders", "enqueue_job", "get_ce
 
 RUN_JOB_TASK = "tunebox.run_job"
 GPU_QUEUE = "gpu"
+#: kombu's Redis transport, keeping one redis client per channel (see tunebox.redis_transport)
+REDIS_TRANSPORT = "tunebox.redis_transport:Transport"
 
 
 def broker_folders(settings: Settings) -> dict[str, Path]:
@@ -63,8 +67,7 @@ def make_celery(settings: Settings) -> Celery:
         enable_utc=True,
     )
     if settings.resolved_broker_url.startswith("redis://"):
-        # the same transport, reusing one redis client per channel (see tunebox.redis_transport)
-        app.conf.broker_transport = "tunebox.redis_transport:Transport"
+        app.conf.broker_transport = REDIS_TRANSPORT
     return app
 
 
@@ -75,12 +78,55 @@ def get_celery() -> Celery:
 
 def enqueue_job(job_id: str, *, priority: int = 0, task_id: str | None = None) -> str:
     """Send the run task for ``job_id``; return the Celery task id (``task_id`` if given)."""
+    app = get_celery()
+    if app.conf.broker_transport == REDIS_TRANSPORT:
+        task_id = task_id or str(uuid.uuid4())
+        _publisher(app).send(job_id, _celery_priority(priority), task_id)
+        return task_id
     # argsrepr/kwargsrepr: the arguments as the message's headers show them, what Celery's saferepr
     # writes for a job id, without its walk over the arguments
-    result = get_celery().send_task(RUN_JOB_TASK, args=[job_id], queue=GPU_QUEUE,
-                                    priority=_celery_priority(priority), task_id=task_id,
-                                    argsrepr=repr([job_id]), kwargsrepr="{}")
+    result = app.send_task(RUN_JOB_TASK, args=[job_id], queue=GPU_QUEUE, priority=_celery_priority(priority),
+                           task_id=task_id, argsrepr=repr([job_id]), kwargsrepr="{}")
     return str(result.id)
+
+
+class RunTaskPublisher:
+    """The run task's message put on a Redis broker's queue through one kombu channel.
+
+    The message is the one ``send_task`` writes: Celery builds its headers and body, kombu's channel
+    encodes it and picks the queue's priority list. What is left out is the part a run task does not
+    use and that cost more CPU than the message: the producer pool, the retrying wrapper (a send that
+    fails leaves the job queued for the reconciler) and the routing. The queue is declared once, as
+    ``send_task`` does on its first message. The channel is shared by the API's threads under a lock.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self._app = app
+        self._connection = app.connection_for_write()
+        self._lock = threading.Lock()
+        self._declared = False
+
+    def send(self, job_id: str, priority: int, task_id: str) -> None:
+        args = [job_id]
+        options = {"argsrepr": repr(args), "kwargsrepr": "{}"}
+        message = self._app.amqp.create_task_message(task_id, RUN_JOB_TASK, args, {},
+                                                     reply_to=self._app.thread_oid, ignore_result=None,
+                                                     **options)
+        content_type, encoding, body = serialization.dumps(message.body, serializer="json")
+        properties = {**message.properties, **options, "delivery_mode": 2}
+        with self._lock:
+            channel = self._connection.default_channel
+            if not self._declared:
+                self._app.amqp.queues[GPU_QUEUE](channel).declare()
+                self._declared = True
+            channel.basic_publish(channel.prepare_message(body, priority, content_type, encoding,
+                                                          message.headers, properties),
+                                  exchange="", routing_key=GPU_QUEUE)
+
+
+@lru_cache(maxsize=1)
+def _publisher(app: Celery) -> RunTaskPublisher:
+    return RunTaskPublisher(app)
 
 
 def _celery_priority(priority: int) -> int:

@@ -1,9 +1,13 @@
 """The broker's Redis transport (tunebox.redis_transport): one redis client per channel for its
-publishes, the messages those of kombu's own transport."""
+publishes, the messages those of kombu's own transport; the run task put on its queue
+(``enqueue_job``) as Celery's ``send_task`` writes it."""
 
 from __future__ import annotations
 
+import json
+import threading
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -58,12 +62,9 @@ def test_other_brokers_keep_their_transport() -> None:
     assert app.conf.broker_transport is None
 
 
-def test_enqueue_job_sends_the_task_as_celery_writes_it(redis_url: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """``enqueue_job``'s message: the job id, the task id, and the headers'
-    display of the arguments as Celery's saferepr writes it."""
-    from celery.utils.saferepr import saferepr
-
+@pytest.fixture
+def redis_enqueue(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
+    """``enqueue_job`` as the API runs it, on this session's Redis; its queue empty."""
     from tunebox import broker
     from tunebox.settings import get_settings
 
@@ -73,12 +74,26 @@ def test_enqueue_job_sends_the_task_as_celery_writes_it(redis_url: str,
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"{GPU_QUEUE}*"):
         client.delete(key)
-    try:
-        task_id = str(uuid.uuid4())
-        assert broker.enqueue_job("job_0abc9", priority=7, task_id=task_id) == task_id
-    finally:
-        get_settings.cache_clear()
-        broker.get_celery.cache_clear()
+    yield client
+    get_settings.cache_clear()
+    broker.get_celery.cache_clear()
+
+
+def _queued(client: redis.Redis) -> dict[bytes, list[dict[str, Any]]]:
+    """Every list of the queue (one per priority step) and its raw messages, oldest first."""
+    return {key: [json.loads(m) for m in reversed(client.lrange(key, 0, -1))]
+            for key in client.scan_iter(match=f"{GPU_QUEUE}*") if client.type(key) == b"list"}
+
+
+def test_enqueue_job_sends_the_task_as_celery_writes_it(redis_enqueue: redis.Redis, redis_url: str) -> None:
+    """``enqueue_job``'s message: the job id, the task id, and the headers'
+    display of the arguments as Celery's saferepr writes it."""
+    from celery.utils.saferepr import saferepr
+
+    from tunebox import broker
+
+    task_id = str(uuid.uuid4())
+    assert broker.enqueue_job("job_0abc9", priority=7, task_id=task_id) == task_id
     with StockConnection(redis_url) as conn:
         queue = conn.SimpleQueue(GPU_QUEUE)
         message = queue.get(timeout=5)
@@ -87,3 +102,50 @@ def test_enqueue_job_sends_the_task_as_celery_writes_it(redis_url: str,
     assert message.payload[0] == ["job_0abc9"] and message.headers["id"] == task_id
     assert message.headers["argsrepr"] == saferepr(["job_0abc9"], 1024)
     assert message.headers["kwargsrepr"] == saferepr({}, 1024)
+
+
+@pytest.mark.parametrize("priority", [100, 30, 0, -100])
+def test_enqueue_job_stores_the_message_send_task_stores(redis_enqueue: redis.Redis, priority: int) -> None:
+    """Byte for byte the message of Celery's ``send_task`` with the same ids, in the same priority
+    list, but for the delivery tag kombu draws for each message."""
+    from tunebox import broker
+
+    task_id = str(uuid.uuid4())
+    assert broker.enqueue_job("job_0abc9", priority=priority, task_id=task_id) == task_id
+    ours = _queued(redis_enqueue)
+    for key in ours:
+        redis_enqueue.delete(key)
+    broker.get_celery().send_task(RUN_JOB_TASK, args=["job_0abc9"], queue=GPU_QUEUE, task_id=task_id,
+                                  priority=broker._celery_priority(priority),
+                                  argsrepr="['job_0abc9']", kwargsrepr="{}")
+    theirs = _queued(redis_enqueue)
+    assert list(ours) == list(theirs) and len(next(iter(ours.values()))) == 1
+    (key, [mine]), [other] = next(iter(ours.items())), theirs[key]
+    assert mine["properties"].pop("delivery_tag") != other["properties"].pop("delivery_tag")
+    assert mine == other
+
+
+def test_enqueue_job_from_many_threads_sends_each_task_once(redis_enqueue: redis.Redis,
+                                                            redis_url: str) -> None:
+    from tunebox import broker
+
+    sent = [(f"job_{n}", str(uuid.uuid4())) for n in range(120)]
+
+    def send(part: list[tuple[str, str]]) -> None:
+        for job_id, task_id in part:
+            broker.enqueue_job(job_id, priority=0, task_id=task_id)
+
+    threads = [threading.Thread(target=send, args=(sent[n::6],)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    received = []
+    with StockConnection(redis_url) as conn:
+        queue = conn.SimpleQueue(GPU_QUEUE)
+        for _ in sent:
+            message = queue.get(timeout=5)
+            received.append((message.payload[0][0], message.headers["id"]))
+            message.ack()
+        queue.close()
+    assert sorted(received) == sorted(sent) and _queued(redis_enqueue) == {}
