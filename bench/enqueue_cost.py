@@ -22,7 +22,8 @@ sys.path.insert(0, str(REPO))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--sends", type=int, default=2000)
     args = parser.parse_args()
