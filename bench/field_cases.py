@@ -404,6 +404,19 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
             ONE_GPU | {"zero_stage": 2, "offload_optimizer": "cpu"}, seq_len=2048, micro=4, accumulation=1,
             checkpointing=True),
     ]),
+    # a second ZeRO-3 full fine-tune with both offloads (the first planned 3 GiB of cache it did not
+    # hold), QLoRA with the optimizer on the CPU, LoRA at 16 x 512 and Lion under ZeRO-1
+    "heldout16": (None, [
+        job("full-llama3b-z3-offload-s4096-mb2", "llama-3.2-3b", "full", FIELD_REPORT, seq_len=4096, micro=2,
+            accumulation=1, checkpointing=True),
+        job("qlora-mistral7b-z2-offopt-s2048-mb4", "mistral-7b-v0.3", "qlora",
+            ONE_GPU | {"zero_stage": 2, "offload_optimizer": "cpu"}, seq_len=2048, micro=4, accumulation=1,
+            checkpointing=True),
+        job("lora-gemma2-2b-z0-s512-mb16", "gemma-2-2b", "lora", Z0, seq_len=512, micro=16, accumulation=1,
+            checkpointing=True),
+        job("full-qwen1.5b-z1-s1024-mb8-lion", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 1},
+            seq_len=1024, micro=8, accumulation=1, checkpointing=True, optimizer="lion"),
+    ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
         job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
@@ -427,7 +440,8 @@ SHARED_PHASES = {"pack", "pack7b"}
 SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranked40", "qlora-steps",
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
               "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11",
-              "heldout11-alone", "heldout12", "heldout13", "heldout14", "heldout15"}
+              "heldout11-alone", "heldout12", "heldout13", "heldout14", "heldout15",
+              "heldout16"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
