@@ -11,6 +11,7 @@ from bench.accuracy_service import (
     deepspeed_estimate,
     service_group,
     service_observations,
+    service_section,
 )
 from planner import plan
 from tests.planner.support import TINY_CONFIGS, hardware
@@ -61,3 +62,9 @@ def test_the_service_records_make_the_reports_sections() -> None:
     assert any(line.startswith("| method | qlora |") for line in table)
     anchors = anchors_section(obs)
     assert any("| service (" in line and "DeepSpeed's estimator" in line for line in anchors)
+    # a box whose probe read its host faster than the calibration host's planned its steps shorter
+    probed = [o for o in obs if o.step is not None and o.service_step != o.step]
+    assert probed and all(o.service_step is not None for o in probed)
+    assert any(o.service_step < o.step for o in probed) and any(o.service_step > o.step for o in probed)  # type: ignore[operator]
+    lines = service_section(obs)
+    assert sum(line.startswith("  - the same, as the service planned it") for line in lines) == 2
