@@ -12,6 +12,7 @@ Send only after the commit that created the job row: a worker that receives the 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from functools import lru_cache
 from pathlib import Path
@@ -95,9 +96,11 @@ class RunTaskPublisher:
 
     The message is the one ``send_task`` writes: Celery builds its headers and body, kombu's channel
     encodes it and picks the queue's priority list. What is left out is the part a run task does not
-    use and that cost more CPU than the message: the producer pool, the retrying wrapper (a send that
-    fails leaves the job queued for the reconciler) and the routing. The queue is declared once, as
-    ``send_task`` does on its first message. The channel is shared by the API's threads under a lock.
+    use and that cost more CPU than the message: the producer pool, kombu's retrying wrapper and the
+    routing. A send the broker refuses is tried again as Celery's publish retry policy says
+    (``task_publish_retry_policy``), then given up: the job stays queued for the reconciler. The
+    queue is declared once, as ``send_task`` does on its first message. The channel is shared by the
+    API's threads under a lock.
     """
 
     def __init__(self, app: Celery) -> None:
@@ -114,14 +117,25 @@ class RunTaskPublisher:
                                                      **options)
         content_type, encoding, body = serialization.dumps(message.body, serializer="json")
         properties = {**message.properties, **options, "delivery_mode": 2}
-        with self._lock:
-            channel = self._connection.default_channel
-            if not self._declared:
-                self._app.amqp.queues[GPU_QUEUE](channel).declare()
-                self._declared = True
-            channel.basic_publish(channel.prepare_message(body, priority, content_type, encoding,
-                                                          message.headers, properties),
-                                  exchange="", routing_key=GPU_QUEUE)
+        policy = self._app.conf.task_publish_retry_policy
+        attempt = 0
+        while True:
+            try:
+                with self._lock:
+                    channel = self._connection.default_channel
+                    if not self._declared:
+                        self._app.amqp.queues[GPU_QUEUE](channel).declare()
+                        self._declared = True
+                    channel.basic_publish(channel.prepare_message(body, priority, content_type, encoding,
+                                                                  message.headers, properties),
+                                          exchange="", routing_key=GPU_QUEUE)
+                return
+            except self._connection.connection_errors:
+                if attempt >= policy["max_retries"]:
+                    raise
+            delay = policy["interval_start"] + attempt * policy["interval_step"]
+            time.sleep(min(delay, policy["interval_max"]))
+            attempt += 1
 
 
 @lru_cache(maxsize=1)

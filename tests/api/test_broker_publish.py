@@ -5,7 +5,10 @@ publishes, the messages those of kombu's own transport; the run task put on its 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -149,3 +152,54 @@ def test_enqueue_job_from_many_threads_sends_each_task_once(redis_enqueue: redis
             message.ack()
         queue.close()
     assert sorted(received) == sorted(sent) and _queued(redis_enqueue) == {}
+
+
+def _redis_server(port: int) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            return server
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    raise AssertionError(f"redis-server on port {port} did not start")
+
+
+def test_a_send_outlives_a_broker_restart_within_celerys_publish_retries(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery's publish retry policy (three more tries over 0.6 s): a broker back within it gets the
+    message; one that stays down fails the send, which leaves the job to the reconciler."""
+    from tunebox import broker
+    from tunebox.settings import get_settings
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("TUNEBOX_BROKER_URL", f"redis://127.0.0.1:{port}/0")
+    get_settings.cache_clear()
+    broker.get_celery.cache_clear()
+    server = _redis_server(port)
+    servers: list[subprocess.Popen[bytes]] = []
+    try:
+        broker.enqueue_job("job_before", task_id=str(uuid.uuid4()))
+        server.terminate()
+        server.wait()
+        started = time.monotonic()
+        with pytest.raises(redis.ConnectionError):
+            broker.enqueue_job("job_down", task_id=str(uuid.uuid4()))
+        assert 0.5 < time.monotonic() - started < 5
+        restart = threading.Timer(0.1, lambda: servers.append(_redis_server(port)))
+        restart.start()
+        task_id = str(uuid.uuid4())
+        broker.enqueue_job("job_back", task_id=task_id)
+        restart.join()
+        queued = [m for ms in _queued(redis.Redis(port=port)).values() for m in ms]
+        assert [m["headers"]["id"] for m in queued] == [task_id]
+    finally:
+        server.kill()
+        for other in servers:
+            other.kill()
+        get_settings.cache_clear()
+        broker.get_celery.cache_clear()
