@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -658,12 +658,26 @@ def _serve(name: str, data_dir: Path, work: Path, env_extra: dict[str, str]
     return serve, client
 
 
+def phase_jobs(name: str,
+               only: Collection[str] | None = None) -> tuple[float | None, list[dict[str, Any]]]:
+    """A phase's card limit and its jobs, or those of them named in ``only`` (each must be one)."""
+    limit_gib, jobs = PHASES[name]
+    if only is None:
+        return limit_gib, jobs
+    unknown = set(only) - {j["name"] for j in jobs}
+    if unknown:
+        raise SystemExit(f"phase {name} has no job {', '.join(sorted(unknown))}")
+    return limit_gib, [j for j in jobs if j["name"] in only]
+
+
 def run_phase(name: str, models: dict[str, Path], data: Path, work: Path, steps: int,
               timeout: float, wait_probe: float = 0.0,
-              save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Run a phase's jobs through a fresh service; ``save`` gets the phase's record as soon as its
-    jobs' results are in, before the service stops (a bench cut off while it stops keeps them)."""
-    limit_gib, jobs = PHASES[name]
+              save: Callable[[dict[str, Any]], None] | None = None,
+              only: Collection[str] | None = None) -> dict[str, Any]:
+    """Run a phase's jobs (those named in ``only``, if given) through a fresh service; ``save`` gets
+    the phase's record as soon as its jobs' results are in, before the service stops (a bench cut off
+    while it stops keeps them)."""
+    limit_gib, jobs = phase_jobs(name, only)
     data_dir = work / f"tunebox-{name}"
     env = {"TUNEBOX_MODEL_ROOTS": json.dumps(sorted({str(p.parent) for p in models.values()})),
            "TUNEBOX_DATASET_ROOTS": json.dumps([str(data.parent)]),
@@ -828,6 +842,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300, help="seconds a phase waits for its jobs")
     ap.add_argument("--wait-probe", type=float, default=0.0, metavar="SECONDS",
                     help="before a phase's first job, wait up to this long for the box probe of its worker")
+    ap.add_argument("--only", action="append", metavar="JOB",
+                    help="run only these of the phases' jobs (repeat it; the report says which ran)")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--render", type=Path, nargs="+", metavar="REPORT",
                     help="print the markdown table of these reports against today's planner")
@@ -867,7 +883,7 @@ def main() -> int:
                                        indent=1, default=str))
         return 0
     t0 = time.monotonic()
-    wanted = {j["model"] for p in args.phase for j in PHASES[p][1]}
+    wanted = {j["model"] for p in args.phase for j in phase_jobs(p, args.only)[1]}
     models = {m: build_model(m, args.work / "models" / m, "cuda") for m in sorted(wanted)}
     data = build_dataset(args.work / "data" / "pattern.jsonl", rows=DATASET_ROWS, words=2500)
     report: dict[str, Any] = {"hardware": box_hardware(), "setup_seconds": round(time.monotonic() - t0, 1),
@@ -878,7 +894,7 @@ def main() -> int:
 
     for phase in args.phase:
         save(phase, run_phase(phase, models, data, args.work, args.steps, args.timeout, args.wait_probe,
-                              save=lambda out, name=phase: save(name, out)))
+                              save=lambda out, name=phase: save(name, out), only=args.only))
         for n, r in report["phases"][phase]["jobs"].items():
             print(phase, n, r.get("status") or r.get("submit_status"), "planned",
                   r.get("planned_peak_gpu_bytes"), "nvml", r.get("nvml_peak_bytes"), "reserved",

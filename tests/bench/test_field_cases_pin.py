@@ -1,4 +1,5 @@
-"""bench/field_cases runs a plan's alternatives as jobs: pinning one must give the job that alternative."""
+"""bench/field_cases runs a plan's alternatives as jobs: pinning one must give the job that alternative;
+a phase's jobs can be run in part (`--only`)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,14 @@ def test_a_phase_cut_off_after_its_jobs_ran_is_recovered_from_its_service_folder
     hardware = archive_hardware(archive, results / "nvidia-h100-2026-12-06-heldout11.json")
     assert hardware["gpu_name"] == "NVIDIA H100 80GB HBM3" and hardware["gpu_memory_bytes"] == 85520809984
     assert hardware == committed["hardware"]
+
+
+def test_only_keeps_the_named_jobs_of_a_phase_in_its_order_and_refuses_a_name_it_lacks() -> None:
+    from bench.field_cases import PHASES, phase_jobs
+
+    names = [j["name"] for j in PHASES["heldout15"][1]]
+    limit, jobs = phase_jobs("heldout15", [names[2], names[0]])
+    assert (limit, [j["name"] for j in jobs]) == (PHASES["heldout15"][0], [names[0], names[2]])
+    assert phase_jobs("heldout15") == PHASES["heldout15"]
+    with pytest.raises(SystemExit, match="no job lora-nope"):
+        phase_jobs("heldout15", [names[1], "lora-nope"])
