@@ -405,7 +405,8 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
             checkpointing=True),
     ]),
     # a second ZeRO-3 full fine-tune with both offloads (the first planned 3 GiB of cache it did not
-    # hold), QLoRA with the optimizer on the CPU, LoRA at 16 x 512 and Lion under ZeRO-1
+    # hold), QLoRA with the optimizer on the CPU, LoRA at 16 x 512, Lion under ZeRO-1 and SGD under
+    # ZeRO-0
     "heldout16": (None, [
         job("full-llama3b-z3-offload-s4096-mb2", "llama-3.2-3b", "full", FIELD_REPORT, seq_len=4096, micro=2,
             accumulation=1, checkpointing=True),
@@ -416,6 +417,10 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
             checkpointing=True),
         job("full-qwen1.5b-z1-s1024-mb8-lion", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 1},
             seq_len=1024, micro=8, accumulation=1, checkpointing=True, optimizer="lion"),
+        # ZeRO-0 with an optimizer that is not FusedAdam, its peak at the optimizer step (heldout15's
+        # 8-bit AdamW job's step was planned 5.5 GiB over what it allocated)
+        job("full-llama3b-z0-s512-mb4-sgd", "llama-3.2-3b", "full", Z0, seq_len=512, micro=4,
+            accumulation=1, checkpointing=True, optimizer="sgd"),
     ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
