@@ -4,6 +4,7 @@ publishes, the messages those of kombu's own transport; the run task put on its 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -65,21 +66,30 @@ def test_other_brokers_keep_their_transport() -> None:
     assert app.conf.broker_transport is None
 
 
-@pytest.fixture
-def redis_enqueue(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
-    """``enqueue_job`` as the API runs it, on this session's Redis; its queue empty."""
+@contextlib.contextmanager
+def _broker_at(url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``enqueue_job`` as the API runs it (its settings and Celery app built anew), sending to ``url``."""
     from tunebox import broker
     from tunebox.settings import get_settings
 
-    monkeypatch.setenv("TUNEBOX_BROKER_URL", redis_url)
+    monkeypatch.setenv("TUNEBOX_BROKER_URL", url)
     get_settings.cache_clear()
     broker.get_celery.cache_clear()
-    client = redis.Redis.from_url(redis_url)
-    for key in client.scan_iter(match=f"{GPU_QUEUE}*"):
-        client.delete(key)
-    yield client
-    get_settings.cache_clear()
-    broker.get_celery.cache_clear()
+    try:
+        yield
+    finally:
+        get_settings.cache_clear()
+        broker.get_celery.cache_clear()
+
+
+@pytest.fixture
+def redis_enqueue(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[redis.Redis]:
+    """``enqueue_job`` on this session's Redis; its queue empty."""
+    with _broker_at(redis_url, monkeypatch):
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(match=f"{GPU_QUEUE}*"):
+            client.delete(key)
+        yield client
 
 
 def _queued(client: redis.Redis) -> dict[bytes, list[dict[str, Any]]]:
@@ -172,34 +182,28 @@ def test_a_send_outlives_a_broker_restart_within_celerys_publish_retries(
     """Celery's publish retry policy (three more tries over 0.6 s): a broker back within it gets the
     message; one that stays down fails the send, which leaves the job to the reconciler."""
     from tunebox import broker
-    from tunebox.settings import get_settings
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.setenv("TUNEBOX_BROKER_URL", f"redis://127.0.0.1:{port}/0")
-    get_settings.cache_clear()
-    broker.get_celery.cache_clear()
     server = _redis_server(port)
-    servers: list[subprocess.Popen[bytes]] = []
-    try:
-        broker.enqueue_job("job_before", task_id=str(uuid.uuid4()))
-        server.terminate()
-        server.wait()
-        started = time.monotonic()
-        with pytest.raises(redis.ConnectionError):
-            broker.enqueue_job("job_down", task_id=str(uuid.uuid4()))
-        assert 0.5 < time.monotonic() - started < 5
-        restart = threading.Timer(0.1, lambda: servers.append(_redis_server(port)))
-        restart.start()
-        task_id = str(uuid.uuid4())
-        broker.enqueue_job("job_back", task_id=task_id)
-        restart.join()
-        queued = [m for ms in _queued(redis.Redis(port=port)).values() for m in ms]
-        assert [m["headers"]["id"] for m in queued] == [task_id]
-    finally:
-        server.kill()
-        for other in servers:
-            other.kill()
-        get_settings.cache_clear()
-        broker.get_celery.cache_clear()
+    servers = [server]
+    with _broker_at(f"redis://127.0.0.1:{port}/0", monkeypatch):
+        try:
+            broker.enqueue_job("job_before", task_id=str(uuid.uuid4()))
+            server.terminate()
+            server.wait()
+            started = time.monotonic()
+            with pytest.raises(redis.ConnectionError):
+                broker.enqueue_job("job_down", task_id=str(uuid.uuid4()))
+            assert 0.5 < time.monotonic() - started < 5
+            restart = threading.Timer(0.1, lambda: servers.append(_redis_server(port)))
+            restart.start()
+            task_id = str(uuid.uuid4())
+            broker.enqueue_job("job_back", task_id=task_id)
+            restart.join()
+            queued = [m for ms in _queued(redis.Redis(port=port)).values() for m in ms]
+            assert [m["headers"]["id"] for m in queued] == [task_id]
+        finally:
+            for each in servers:
+                each.kill()

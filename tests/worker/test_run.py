@@ -307,7 +307,8 @@ def test_a_jobs_nvme_swap_files_are_its_own_and_go_when_its_run_ends(worker, db_
 def test_a_worker_that_stops_stops_its_op_build_and_removes_its_lock(db_url, redis_url, tmp_path):
     # an empty extensions cache: the prebuild compiles cpu_adam, holding its build lock for a minute
     cache = tmp_path / "torch_extensions"
-    env = worker_env(db_url, redis_url, tmp_path / "data", prebuild_ops='["cpu_adam"]', torch_extensions_dir=cache)
+    env = worker_env(db_url, redis_url, tmp_path / "data", prebuild_ops='["cpu_adam"]',
+                     torch_extensions_dir=cache)
     worker = WorkerProcess(env, tmp_path / "worker.log").start()
     try:
         assert worker.proc is not None
