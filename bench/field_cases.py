@@ -417,8 +417,7 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
             checkpointing=True),
         job("full-qwen1.5b-z1-s1024-mb8-lion", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 1},
             seq_len=1024, micro=8, accumulation=1, checkpointing=True, optimizer="lion"),
-        # ZeRO-0 with an optimizer that is not FusedAdam, its peak at the optimizer step (heldout15's
-        # 8-bit AdamW job's step was planned 5.5 GiB over what it allocated)
+        # ZeRO-0 with an optimizer that is not FusedAdam, its peak at the optimizer step
         job("full-llama3b-z0-s512-mb4-sgd", "llama-3.2-3b", "full", Z0, seq_len=512, micro=4,
             accumulation=1, checkpointing=True, optimizer="sgd"),
     ]),
