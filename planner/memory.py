@@ -159,6 +159,13 @@ def _pinned(nbytes: float, pin: bool) -> int:
     return 1 << (int(nbytes) - 1).bit_length()
 
 
+@lru_cache(maxsize=1024)
+def _pinned_groups(facts: ModelFacts, n: int, size: int, pin: bool) -> int:
+    """Bytes of one rank's fp32 sub-group gradients on the host, each pinned block rounded as torch's
+    pinned allocator rounds it (memoised per model and sub-group size)."""
+    return sum(_pinned(_FP32 * g, pin) for g in _sub_groups(facts, n, size))
+
+
 @lru_cache(maxsize=4096)
 def _model_bytes(facts: ModelFacts, above: int = -1) -> float:
     """Bytes of the model's tensors with more than ``above`` elements (memoised per model)."""
@@ -481,7 +488,7 @@ def _host(facts: ModelFacts, s: Setup, w: int) -> tuple[HostEstimate, int]:
             # the step copies each updated fp32 sub-group into the bf16 partition on the GPU; the
             # dtype conversion happens on the host first, into a pageable bf16 copy of the group
             master += n * w * max(groups, default=0)
-        grads = n * (sum(_pinned(_FP32 * g, pin) for g in groups) + _pinned(w * part, pin))
+        grads = n * (_pinned_groups(facts, n, int(s.knobs.sub_group_size), pin) + _pinned(w * part, pin))
         optimizer = moments * t
     elif s.offload_optimizer == "cpu":
         # ZeRO-1/2: pinned fp32 master and fp32 .grad of the partition, a pinned bf16 copy of it for

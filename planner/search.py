@@ -247,6 +247,10 @@ def points(base: Setup, ch: Choices) -> Iterator[tuple[Setup, int]]:
         if _valid(stage, opt, par, base)
     ]
     b = base
+    # each stage's knob sets with their rank, and as the parameters on NVMe have them
+    variants = {stage: [(rank, v, on_nvme(v, ch.pinned))
+                        for rank, v in enumerate(ch.knobs.get(stage, (b.knobs,)))]
+                for stage in ch.zero_stage}
     offered = len(ch.loss_chunk_tokens) > 1
     for gpus, micro, accum in _batch_splits(ch):
         chunks = [c for c in ch.loss_chunk_tokens
@@ -254,8 +258,8 @@ def points(base: Setup, ch: Choices) -> Iterator[tuple[Setup, int]]:
         for stage, opt, par in devices:
             for ckpt in ch.gradient_checkpointing:
                 for chunk in chunks:
-                    for rank, variant in enumerate(ch.knobs.get(stage, (b.knobs,))):
-                        knobs = on_nvme(variant, ch.pinned) if par == "nvme" else variant
+                    for rank, variant, nvme_variant in variants[stage]:
+                        knobs = nvme_variant if par == "nvme" else variant
                         if knobs is None:
                             continue
                         yield Setup(

@@ -239,9 +239,12 @@ def _per_adapter_token(facts: ModelFacts, per: tuple[int, int]) -> int:
 def adapter_bytes(facts: ModelFacts, s: Setup) -> float:
     """Bytes one micro-step's LoRA adapters move outside their matmuls: each forward (twice under
     checkpointing) and the backward, every layer, every token."""
-    tokens, layers = s.tokens_per_micro_batch, facts.arch.num_layers
-    return tokens * layers * (s.forwards * _per_adapter_token(facts, ADAPTER_FORWARD_BYTES)
-                              + _per_adapter_token(facts, ADAPTER_BACKWARD_BYTES))
+    return _adapter_bytes(facts, s.tokens_per_micro_batch, s.forwards)
+
+
+def _adapter_bytes(facts: ModelFacts, tokens: int, forwards: int) -> float:
+    return tokens * facts.arch.num_layers * (forwards * _per_adapter_token(facts, ADAPTER_FORWARD_BYTES)
+                                             + _per_adapter_token(facts, ADAPTER_BACKWARD_BYTES))
 
 
 def memory_bound_elements(facts: ModelFacts, s: Setup) -> dict[str, float]:
@@ -250,10 +253,15 @@ def memory_bound_elements(facts: ModelFacts, s: Setup) -> dict[str, float]:
     its norms' elements in each forward, eager attention's scores (heads × sequence per token) in
     each forward and the backward, the logits (soft-capped ones again), and, when the embedding
     trains, its gradient once. LoRA's adapters are counted in bytes (``adapter_bytes``)."""
+    return _elements(facts, s.method, s.tokens_per_micro_batch, s.forwards, s.seq_len, s.attn_implementation)
+
+
+def _elements(facts: ModelFacts, method: str, tokens: int, forwards: int, seq_len: int,
+              attn_implementation: str) -> dict[str, float]:
     arch = facts.arch
-    tokens, layers = s.tokens_per_micro_batch, arch.num_layers
-    forward_tokens = s.forwards * tokens * layers  # a token's passes through a layer's forward
-    scores = arch.num_heads * s.seq_len if s.attn_implementation == "eager" else 0
+    layers = arch.num_layers
+    forward_tokens = forwards * tokens * layers  # a token's passes through a layer's forward
+    scores = arch.num_heads * seq_len if attn_implementation == "eager" else 0
     vocabulary = tokens * arch.vocab_size
     return {
         "layer_forward": forward_tokens * arch.hidden_size,
@@ -263,7 +271,7 @@ def memory_bound_elements(facts: ModelFacts, s: Setup) -> dict[str, float]:
         "scores_backward": tokens * layers * scores,
         "logits": vocabulary,
         "logit_softcap": vocabulary if arch.final_logit_softcapping is not None else 0,
-        "embedding_gradient": arch.embedding_params if s.method == "full" else 0,
+        "embedding_gradient": arch.embedding_params if method == "full" else 0,
     }
 
 
@@ -275,8 +283,17 @@ def _bytes_per_element(kind: str) -> float:
 def memory_bound_bytes(facts: ModelFacts, s: Setup) -> float:
     """Bytes one micro-step's memory-bound kernels move: each kind's elements at its measured cost
     (``MEMORY_BYTES_*``: bytes at the card's datasheet bandwidth), and the adapters' bytes."""
-    counted = sum(_bytes_per_element(k) * n for k, n in memory_bound_elements(facts, s).items())
-    return counted + adapter_bytes(facts, s)
+    return _memory_bound_bytes(facts, s.method, s.tokens_per_micro_batch, s.forwards, s.seq_len,
+                               s.attn_implementation)
+
+
+@lru_cache(maxsize=4096)
+def _memory_bound_bytes(facts: ModelFacts, method: str, tokens: int, forwards: int, seq_len: int,
+                        attn_implementation: str) -> float:
+    """``memory_bound_bytes`` of a micro-step's shape, memoised: a search scores many points of one shape."""
+    elements = _elements(facts, method, tokens, forwards, seq_len, attn_implementation)
+    counted = sum(_bytes_per_element(k) * n for k, n in elements.items())
+    return counted + _adapter_bytes(facts, tokens, forwards)
 
 
 def causal_attention_micro_flops(facts: ModelFacts, s: Setup) -> float:
@@ -474,7 +491,11 @@ def _parts(t: StepTerms, k: SpeedConstants) -> tuple[float, float, float]:
 def step_phases(t: StepTerms, k: SpeedConstants) -> tuple[float, float]:
     """(forward and backward of all micro-steps, the optimizer step) seconds: the two phases
     ``bench/measure.py`` times apart (``measured.phase_seconds``)."""
-    compute, gpu_opt, cpu_opt = _parts(t, k)
+    return _phases(t, k, _parts(t, k))
+
+
+def _phases(t: StepTerms, k: SpeedConstants, parts: tuple[float, float, float]) -> tuple[float, float]:
+    compute, gpu_opt, cpu_opt = parts
     c = t.micro_comm_seconds
 
     def micro(offload: float) -> float:
@@ -497,9 +518,10 @@ _CONSTANTS = SpeedConstants()
 def estimate_speed(facts: ModelFacts, s: Setup, rates: GpuRates) -> SpeedEstimate:
     t = step_terms(facts, s, rates)
     k = _CONSTANTS
-    compute, _, cpu_opt = _parts(t, k)
+    parts = _parts(t, k)
+    compute, _, cpu_opt = parts
     f = rates.step_time_factor
-    step = f * step_seconds(t, k)
+    step = f * sum(_phases(t, k, parts))
     accum = t.accumulation
     traffic = (accum - 1) * t.micro_offload_seconds + t.boundary_offload_seconds + t.step_offload_seconds
     return SpeedEstimate(
