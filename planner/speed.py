@@ -46,7 +46,7 @@ from planner import constants as C
 from planner.hardware import reference_card
 from planner.memory import ModelFacts, moment_bytes_per_param, weight_bytes
 from planner.ops import layer_modules, layer_ops
-from planner.setup import Setup
+from planner.setup import Method, OffloadDevice, Optimizer, Precision, Setup, ZeroKnobs
 
 __all__ = [
     "GpuRates",
@@ -410,9 +410,27 @@ def _trainable_tensors(facts: ModelFacts) -> int:
     return sum(t.copies for t in facts.tensors if t.trainable)
 
 
+def _micro_gpu(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, float, float]:
+    """(``_gpu_seconds``, ``_masked_attention_seconds``) of ``s``'s micro-step, memoised per
+    micro-step shape: the fields of ``s`` they read (a search scores many points of one shape)."""
+    return _shape_gpu(facts, rates, s.method, s.micro_batch_size, s.seq_len, s.gradient_checkpointing,
+                      s.loss_chunk_tokens, s.attn_implementation, s.attention_mask)
+
+
+@lru_cache(maxsize=4096)
+def _shape_gpu(facts: ModelFacts, rates: GpuRates, method: Method, micro: int, seq_len: int,
+               checkpointing: bool, chunk: int | None, attn_implementation: str, attention_mask: bool
+               ) -> tuple[float, float, float]:
+    none = OffloadDevice.NONE
+    shape = Setup(method, 1, 0, none, none, micro, 1, seq_len, checkpointing, Precision.BF16, Optimizer.ADAMW,
+                  attn_implementation, ZeroKnobs(), chunk, attention_mask)
+    gpu, flops = _gpu_seconds(facts, shape, rates)
+    return gpu, flops, _masked_attention_seconds(facts, shape, rates)
+
+
 def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     w = weight_bytes(s.precision)
-    gpu, flops = _gpu_seconds(facts, s, rates)
+    gpu, flops, masked = _micro_gpu(facts, s, rates)
     layer_passes = s.passes * facts.arch.num_layers
     ops = layer_ops(facts.arch, s.method, facts.lora, s.attn_implementation)
     quantized = len(facts.arch.linears) * facts.arch.num_layers if s.method == "qlora" else 0
@@ -425,7 +443,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     return StepTerms(
         accumulation=s.gradient_accumulation_steps,
         gpu_seconds_at_full_rate=gpu,
-        masked_attention_seconds=_masked_attention_seconds(facts, s, rates),
+        masked_attention_seconds=masked,
         memory_bound_seconds=memory_bound_bytes(facts, s) / rates.memory_bytes_per_s,
         layer_ops=facts.arch.num_layers * ops.per_micro_step(s.gradient_checkpointing),
         quantized_forwards=quantized * (s.passes - 1),
