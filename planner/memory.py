@@ -220,10 +220,13 @@ def _gradients(facts: ModelFacts, s: Setup, w: int) -> _Phases:
     largest = w * (facts.arch.largest_param if s.method == "full" else _largest_trainable(facts))
     accumulating = s.gradient_accumulation_steps > 1
     if s.zero_stage == 0:
-        # FP16_Optimizer (bf16): the step upcasts every .grad to fp32 in a list, then flattens it;
-        # the bf16 grads are set to None only after that, so all three coexist. Between micro-steps
-        # the .grads accumulate in place.
-        return _Phases(backward=w * t, step=w * t + 2 * _FP32 * t, accumulated=w * t if accumulating else 0.0)
+        # The bf16 grads live through the step beside their fp32 upcasts: FusedAdam's FP16_Optimizer
+        # upcasts every .grad in a list, then flattens it (two copies); FP16_UnfusedOptimizer, which
+        # wraps every other optimizer, gives each master parameter its own (one). Between
+        # micro-steps the .grads accumulate in place.
+        upcasts = 2 if s.optimizer == "adamw" else 1
+        return _Phases(backward=w * t, step=w * t + upcasts * _FP32 * t,
+                       accumulated=w * t if accumulating else 0.0)
     if s.zero_stage == 1:
         # ZeRO-1 reduces only at the accumulation boundary: until then every .grad stays whole. The
         # boundary's epilogue flattens this rank's reduced partition and drops the .grads, so the

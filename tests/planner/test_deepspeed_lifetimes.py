@@ -35,10 +35,10 @@ def observed() -> dict[str, Any]:
     return dict(json.loads(line.removeprefix("RESULT ")))
 
 
-def _setup(stage: int, accumulation: int, bucket: int) -> Setup:
+def _setup(stage: int, accumulation: int, bucket: int, optimizer: str = "adamw") -> Setup:
     return Setup(method="full", num_gpus=1, zero_stage=stage, offload_optimizer="none", offload_param="none",
                  micro_batch_size=2, gradient_accumulation_steps=accumulation, seq_len=16,
-                 gradient_checkpointing=False, precision="bf16", optimizer="adamw",
+                 gradient_checkpointing=False, precision="bf16", optimizer=optimizer,
                  knobs=ZeroKnobs(reduce_bucket_size=bucket))
 
 
@@ -67,3 +67,14 @@ def test_offloaded_gradients_have_their_norms_taken_in_fp64(observed: dict[str, 
     got = observed[f"zero{stage}_offload"]
     # one norm per parameter, each over an fp64 copy of its gradient's slice
     assert got["dtypes"] == ["torch.float64"] and got["norms"] == got["params"]
+
+
+def test_zero0_without_fused_adam_upcasts_every_gradient_once_at_the_step(observed: dict[str, Any]) -> None:
+    got = observed["zero0_sgd"]
+    # bf16 ZeRO-0 wraps an optimizer other than FusedAdam in FP16_UnfusedOptimizer, whose step
+    # holds one fp32 copy of every gradient beside the bf16 ones
+    assert got["wrapper"] == "FP16_UnfusedOptimizer"
+    assert got["fp32_grad_elements"] == got["bf16_grad_elements"] == got["params"]
+    facts = _facts("meta-llama/Llama-3.2-1B")
+    t = facts.trainable_parameters
+    assert _gradients(facts, _setup(0, 1, observed["bucket_elements"], "sgd"), 2).step == (2 + 4) * t
