@@ -43,7 +43,13 @@ def test_key_still_in_flight_is_409(env: Env) -> None:
         user_id = session.scalar(select(User.id).where(User.name == "alice"))
         digest = fingerprint(spec.model_dump(mode="json", exclude_unset=True))
         session.add(IdempotencyKey(user_id=user_id, key="k-3", state="in_flight", request_hash=digest))
-    res = _post(env, "k-3")
+    # the request that claimed the key is alive: on Postgres it holds the claim's row lock until its
+    # commit, whatever the claim's age (on SQLite a claim younger than ABANDONED_AFTER is live)
+    with session_scope(env.url) as holder:
+        if holder.get_bind().dialect.name == "postgresql":
+            holder.execute(select(IdempotencyKey.key).where(IdempotencyKey.user_id == user_id,
+                                                            IdempotencyKey.key == "k-3").with_for_update())
+        res = _post(env, "k-3")
     assert res.status_code == 409 and res.headers["retry-after"]
     assert env.count(Job) == 0
 
