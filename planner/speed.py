@@ -239,12 +239,9 @@ def _per_adapter_token(facts: ModelFacts, per: tuple[int, int]) -> int:
 def adapter_bytes(facts: ModelFacts, s: Setup) -> float:
     """Bytes one micro-step's LoRA adapters move outside their matmuls: each forward (twice under
     checkpointing) and the backward, every layer, every token."""
-    return _adapter_bytes(facts, s.tokens_per_micro_batch, s.forwards)
-
-
-def _adapter_bytes(facts: ModelFacts, tokens: int, forwards: int) -> float:
-    return tokens * facts.arch.num_layers * (forwards * _per_adapter_token(facts, ADAPTER_FORWARD_BYTES)
-                                             + _per_adapter_token(facts, ADAPTER_BACKWARD_BYTES))
+    tokens, layers = s.tokens_per_micro_batch, facts.arch.num_layers
+    return tokens * layers * (s.forwards * _per_adapter_token(facts, ADAPTER_FORWARD_BYTES)
+                              + _per_adapter_token(facts, ADAPTER_BACKWARD_BYTES))
 
 
 def memory_bound_elements(facts: ModelFacts, s: Setup) -> dict[str, float]:
@@ -253,15 +250,10 @@ def memory_bound_elements(facts: ModelFacts, s: Setup) -> dict[str, float]:
     its norms' elements in each forward, eager attention's scores (heads × sequence per token) in
     each forward and the backward, the logits (soft-capped ones again), and, when the embedding
     trains, its gradient once. LoRA's adapters are counted in bytes (``adapter_bytes``)."""
-    return _elements(facts, s.method, s.tokens_per_micro_batch, s.forwards, s.seq_len, s.attn_implementation)
-
-
-def _elements(facts: ModelFacts, method: str, tokens: int, forwards: int, seq_len: int,
-              attn_implementation: str) -> dict[str, float]:
     arch = facts.arch
-    layers = arch.num_layers
-    forward_tokens = forwards * tokens * layers  # a token's passes through a layer's forward
-    scores = arch.num_heads * seq_len if attn_implementation == "eager" else 0
+    tokens, layers = s.tokens_per_micro_batch, arch.num_layers
+    forward_tokens = s.forwards * tokens * layers  # a token's passes through a layer's forward
+    scores = arch.num_heads * s.seq_len if s.attn_implementation == "eager" else 0
     vocabulary = tokens * arch.vocab_size
     return {
         "layer_forward": forward_tokens * arch.hidden_size,
@@ -271,7 +263,7 @@ def _elements(facts: ModelFacts, method: str, tokens: int, forwards: int, seq_le
         "scores_backward": tokens * layers * scores,
         "logits": vocabulary,
         "logit_softcap": vocabulary if arch.final_logit_softcapping is not None else 0,
-        "embedding_gradient": arch.embedding_params if method == "full" else 0,
+        "embedding_gradient": arch.embedding_params if s.method == "full" else 0,
     }
 
 
@@ -283,17 +275,8 @@ def _bytes_per_element(kind: str) -> float:
 def memory_bound_bytes(facts: ModelFacts, s: Setup) -> float:
     """Bytes one micro-step's memory-bound kernels move: each kind's elements at its measured cost
     (``MEMORY_BYTES_*``: bytes at the card's datasheet bandwidth), and the adapters' bytes."""
-    return _memory_bound_bytes(facts, s.method, s.tokens_per_micro_batch, s.forwards, s.seq_len,
-                               s.attn_implementation)
-
-
-@lru_cache(maxsize=4096)
-def _memory_bound_bytes(facts: ModelFacts, method: str, tokens: int, forwards: int, seq_len: int,
-                        attn_implementation: str) -> float:
-    """``memory_bound_bytes`` of a micro-step's shape, memoised: a search scores many points of one shape."""
-    elements = _elements(facts, method, tokens, forwards, seq_len, attn_implementation)
-    counted = sum(_bytes_per_element(k) * n for k, n in elements.items())
-    return counted + _adapter_bytes(facts, tokens, forwards)
+    counted = sum(_bytes_per_element(k) * n for k, n in memory_bound_elements(facts, s).items())
+    return counted + adapter_bytes(facts, s)
 
 
 def causal_attention_micro_flops(facts: ModelFacts, s: Setup) -> float:
@@ -410,9 +393,10 @@ def _trainable_tensors(facts: ModelFacts) -> int:
     return sum(t.copies for t in facts.tensors if t.trainable)
 
 
-def _micro_gpu(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, float, float]:
-    """(``_gpu_seconds``, ``_masked_attention_seconds``) of ``s``'s micro-step, memoised per
-    micro-step shape: the fields of ``s`` they read (a search scores many points of one shape)."""
+def _micro_gpu(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, float, float, float]:
+    """(GPU seconds at full rate, FLOPs, masked attention seconds, memory-bound bytes) of ``s``'s
+    micro-step, memoised per micro-step shape: the fields of ``s`` they read (a search scores many
+    points of one shape)."""
     return _shape_gpu(facts, rates, s.method, s.micro_batch_size, s.seq_len, s.gradient_checkpointing,
                       s.loss_chunk_tokens, s.attn_implementation, s.attention_mask)
 
@@ -420,17 +404,17 @@ def _micro_gpu(facts: ModelFacts, s: Setup, rates: GpuRates) -> tuple[float, flo
 @lru_cache(maxsize=4096)
 def _shape_gpu(facts: ModelFacts, rates: GpuRates, method: Method, micro: int, seq_len: int,
                checkpointing: bool, chunk: int | None, attn_implementation: str, attention_mask: bool
-               ) -> tuple[float, float, float]:
+               ) -> tuple[float, float, float, float]:
     none = OffloadDevice.NONE
     shape = Setup(method, 1, 0, none, none, micro, 1, seq_len, checkpointing, Precision.BF16, Optimizer.ADAMW,
                   attn_implementation, ZeroKnobs(), chunk, attention_mask)
     gpu, flops = _gpu_seconds(facts, shape, rates)
-    return gpu, flops, _masked_attention_seconds(facts, shape, rates)
+    return gpu, flops, _masked_attention_seconds(facts, shape, rates), memory_bound_bytes(facts, shape)
 
 
 def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
     w = weight_bytes(s.precision)
-    gpu, flops, masked = _micro_gpu(facts, s, rates)
+    gpu, flops, masked, memory_bound = _micro_gpu(facts, s, rates)
     layer_passes = s.passes * facts.arch.num_layers
     ops = layer_ops(facts.arch, s.method, facts.lora, s.attn_implementation)
     quantized = len(facts.arch.linears) * facts.arch.num_layers if s.method == "qlora" else 0
@@ -444,7 +428,7 @@ def step_terms(facts: ModelFacts, s: Setup, rates: GpuRates) -> StepTerms:
         accumulation=s.gradient_accumulation_steps,
         gpu_seconds_at_full_rate=gpu,
         masked_attention_seconds=masked,
-        memory_bound_seconds=memory_bound_bytes(facts, s) / rates.memory_bytes_per_s,
+        memory_bound_seconds=memory_bound / rates.memory_bytes_per_s,
         layer_ops=facts.arch.num_layers * ops.per_micro_step(s.gradient_checkpointing),
         quantized_forwards=quantized * (s.passes - 1),
         quantized_backwards=quantized,
