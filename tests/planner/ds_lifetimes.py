@@ -1,6 +1,7 @@
 """Run by tests/planner/test_deepspeed_lifetimes.py in a process of its own (DeepSpeed on the CPU,
 one rank over gloo): trains a tiny Llama a few micro-steps under the installed DeepSpeed and prints,
-as one JSON line, which of the buffers the planner's phases count are live after each backward."""
+as one JSON line, which of the buffers the planner's phases count are live after each backward and,
+under ZeRO-0 without FusedAdam, at the optimizer's inner step."""
 
 from __future__ import annotations
 

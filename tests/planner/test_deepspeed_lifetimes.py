@@ -1,6 +1,7 @@
 """The buffer lifetimes the planner's phases rest on, observed in the installed DeepSpeed (on the
-CPU, one rank): which buffers a micro-step leaves for the next, and the fp64 copy each offloaded
-gradient's norm is taken of. A DeepSpeed upgrade that changes them fails here, not on a GPU."""
+CPU, one rank): which buffers a micro-step leaves for the next, the fp64 copy each offloaded
+gradient's norm is taken of, and the gradients ZeRO-0's step holds without FusedAdam. A DeepSpeed
+upgrade that changes them fails here, not on a GPU."""
 
 from __future__ import annotations
 
