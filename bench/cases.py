@@ -1019,6 +1019,29 @@ def _limit_experiment() -> list[Case]:
     ]
 
 
+def _with_optimizer(case: Case, optimizer: str) -> Case:
+    """``case`` with another optimizer; its name ends ``|o=OPTIMIZER``."""
+    spec = copy.deepcopy(case.spec)
+    spec["training"]["optimizer"] = optimizer
+    spec["name"] = f"{case.name}|o={optimizer}"
+    return Case(name=spec["name"], spec=spec, est_seconds=case.est_seconds,
+                measured_steps=case.measured_steps, group=case.group, expect=case.expect)
+
+
+def _unfused_step() -> list[Case]:
+    """Full fine-tunes under ZeRO-0 with optimizers other than FusedAdam (DeepSpeed wraps them in
+    FP16_UnfusedOptimizer), their peak at the optimizer step: the field cases' SGD and 8-bit AdamW
+    jobs, and the SGD one with rows four times as long. Run with ``--alloc-trace`` they show what the
+    allocator caches beside that step."""
+    g = "unfused"
+    return [
+        _with_optimizer(make_case("llama-3.2-3b", "full", 0, "none", True, 512, 4, 1, group=g), "sgd"),
+        _with_optimizer(make_case("llama-3.2-3b", "full", 0, "none", True, 4096, 2, 1, group=g), "sgd"),
+        _with_optimizer(make_case("qwen2.5-1.5b", "full", 0, "none", True, 1024, 4, 1, group=g),
+                        "adamw_8bit"),
+    ]
+
+
 CASES: list[Case] = _core() + _rest()
 HELDOUT_CASES: list[Case] = _heldout()
 HELDOUT3_CASES: list[Case] = _heldout3()
@@ -1067,7 +1090,7 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout25": HELDOUT25_CASES, "heldout26": HELDOUT26_CASES,
                                    "heldout27": HELDOUT27_CASES, "heldout28": HELDOUT28_CASES,
                                    "heldout29": HELDOUT29_CASES,
-                                   "limit": _limit_experiment()}
+                                   "limit": _limit_experiment(), "unfused": _unfused_step()}
 
 
 def by_name() -> dict[str, Case]:

@@ -52,7 +52,7 @@ from planner.spec import JobSpec
 NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora)\|z(?P<stage>[0-3])\|"
                   r"off=(?P<off>none|opt|opt\+param)\|(?P<ckpt>ckpt|nockpt)\|s(?P<seq>\d+)\|"
                   r"mb(?P<mb>\d+)\|g(?P<ga>\d+)(\|gpus(?P<gpus>\d+))?"
-                  r"(\|t=(?P<targets>[a-z_.]+))?(\|r=(?P<rank>\d+))?$")
+                  r"(\|t=(?P<targets>[a-z_.]+))?(\|r=(?P<rank>\d+))?(\|o=(?P<optimizer>[a-z0-9_]+))?$")
 
 EVERY_CASE = [c for cases in MATRICES.values() for c in cases]
 
@@ -68,11 +68,13 @@ def _name_mismatches(case: Case) -> list[str]:
         "q_proj", "k_proj", "v_proj", "o_proj"]
     said = {"model": MODELS[m["model"]], "method": m["method"], "stage": int(m["stage"]), "offload": off,
             "ckpt": m["ckpt"] == "ckpt", "shape": (int(m["seq"]), int(m["mb"]), int(m["ga"])),
-            "gpus": int(m["gpus"] or 1), "targets": targets, "rank": int(m["rank"] or 16)}
+            "gpus": int(m["gpus"] or 1), "targets": targets, "rank": int(m["rank"] or 16),
+            "optimizer": m["optimizer"] or "adamw"}
     runs = {"model": case.spec["model"]["config"], "method": case.spec["method"], "stage": res["zero_stage"],
             "offload": (res["offload_optimizer"], res["offload_param"]), "ckpt": tr["gradient_checkpointing"],
             "shape": (tr["seq_len"], tr["micro_batch_size"], tr["gradient_accumulation_steps"]),
-            "gpus": res["num_gpus"], "targets": lora["target_modules"], "rank": lora["r"]}
+            "gpus": res["num_gpus"], "targets": lora["target_modules"], "rank": lora["r"],
+            "optimizer": tr["optimizer"]}
     return [key for key in said if said[key] != runs[key]]
 
 

@@ -87,7 +87,6 @@ def test_resources_deepspeed_overrides_a_knob() -> None:
     (("training", "micro_batch_size"), "auto", "micro_batch_size"),
     (("resources", "zero_stage"), "auto", "zero_stage"),
     (("resources", "offload_optimizer"), "nvme", "NVMe"),
-    (("training", "optimizer"), "lion", "AdamW"),
 ])
 def test_concrete_values_are_required(path: tuple[str, str], value: Any, match: str) -> None:
     spec = make_case("qwen2.5-0.5b", "full", 3, "none", True, 1024, 2, 1).spec
