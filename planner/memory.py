@@ -28,6 +28,7 @@ the allocator's slack and the CUDA context, which NVML counts and torch does not
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -639,6 +640,13 @@ def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> Mem
     init_reserved += _reduction_stream_blocks(facts, s, w)
     # ZeRO-1's step runs beside the cached blocks of the per-parameter gradients it has just freed
     floor = max(init_reserved, step + _zero1_freed_gradients(facts, s, w))
+    if _unfused_wrapper(s):
+        # the step reuses the blocks of the gradients initialisation allocated: it needs no slack,
+        # and what the loss could not fit in them stays reserved beside it
+        steady = max(forward_backward + slack, step)
+        floor = max(floor, step + _unplaced_loss_blocks(facts, s, w))
+    else:
+        steady = allocated + slack
     host, nvme = _host(facts, s, w)
     return MemoryEstimate(
         weights_bytes=int(weights),
@@ -652,12 +660,12 @@ def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> Mem
         allocator_slack_bytes=int(slack),
         forward_backward_bytes=int(forward_backward),
         optimizer_step_bytes=int(step),
-        total_bytes=int(max(allocated + slack, floor) + context),
+        total_bytes=int(max(steady, floor) + context),
         host=host,
         nvme_bytes=nvme,
         initialization_bytes=int(init_allocated),
         initialization_reserved_bytes=int(init_reserved),
-        required_bytes=int(max(allocated + slack, init_allocated) + context),
+        required_bytes=int(max(steady, init_allocated) + context),
     )
 
 
@@ -678,6 +686,45 @@ def _initialization(facts: ModelFacts, s: Setup) -> tuple[float, float]:
     # The flatten's peak (the model beside its flat copy) is above the clone's, the host route's
     # (the frozen part, the flat buffer and the clone) too.
     return whole + flat, whole + flat + clone
+
+
+def _unfused_wrapper(s: Setup) -> bool:
+    """Whether DeepSpeed wraps the optimizer in ``FP16_UnfusedOptimizer``: ZeRO-0 in 16-bit precision
+    with any optimizer but its FusedAdam. Its ``initialize_optimizer_states`` gives every trainable
+    parameter a zero 16-bit and fp32 gradient and runs one step, so the allocator's cache holds a
+    block of each parameter's size in both dtypes from then on."""
+    return s.zero_stage == 0 and s.precision != "fp32" and s.optimizer != "adamw"
+
+
+def _unplaced_loss_blocks(facts: ModelFacts, s: Setup, w: int) -> float:
+    """Bytes of the loss's vocabulary-sized blocks that no cached gradient block of an unfused
+    ZeRO-0 optimizer's initialisation (``_unfused_wrapper``) can hold: the allocator serves each
+    request from the smallest free block at least its size, splitting it, and takes a new segment
+    where none is large enough. The blocks: the 16-bit logits (and, soft-capped,
+    tanh's output) and the three fp32 tensors of the loss's backward (``logits_bytes_per_token``)."""
+    arch = facts.arch
+    vocab_block = arch.vocab_size * s.logits_tokens
+    requests = [w * vocab_block] * (2 if arch.final_logit_softcapping else 1) + [_FP32 * vocab_block] * 3
+    blocks = _gradient_blocks(facts, w)
+    free = list(blocks[bisect_left(blocks, min(requests)) :])  # ascending; smaller ones never serve
+    unplaced = 0.0
+    for size in requests:
+        i = bisect_left(free, size)
+        if i == len(free):
+            unplaced += size
+            continue
+        rest = free.pop(i) - size
+        if rest > 0:
+            insort(free, rest)
+    return unplaced
+
+
+@lru_cache(maxsize=256)
+def _gradient_blocks(facts: ModelFacts, w: int) -> tuple[float, ...]:
+    """The cached blocks an unfused ZeRO-0 optimizer's initialisation leaves: each trainable
+    tensor's gradient in ``w`` bytes and in fp32, ascending."""
+    return tuple(sorted(float(b * t.numel) for t in facts.tensors if t.trainable
+                        for b in (w, _FP32) for _ in range(t.copies)))
 
 
 def _zero1_freed_gradients(facts: ModelFacts, s: Setup, w: int) -> float:

@@ -185,3 +185,35 @@ def test_the_checkpoint_save_is_what_a_run_adds_to_its_steps_host_memory(ident: 
     _, job, box = next(j for j in _structure_jobs("CHECKPOINT_SAVE_HOST") if j[0] == ident)
     added = job["measured_host_rss_bytes"] - job["host_rss_peak_bytes"]
     assert replan(job, box, tmp_path).host.checkpoint_save_bytes == pytest.approx(added, rel=0.05)
+
+
+@pytest.mark.parametrize("ident", [i for i, _, _ in _structure_jobs("UNFUSED_STEP_CACHE")])
+def test_an_unfused_zero0_step_reserves_its_initialisation_and_the_loss_it_could_not_place(
+        ident: str, tmp_path: Path) -> None:
+    """These jobs peak at the optimizer step: the plan's reserved bytes there are torch's reserved
+    peak."""
+    from bench.field_cases import replan_spec
+
+    _, job, box = next(j for j in _structure_jobs("UNFUSED_STEP_CACHE") if j[0] == ident)
+    g = plan(replan_spec(job, box, tmp_path)).per_gpu
+    reserved = job["torch_reserved_peak_bytes"]
+    assert g.peak_phase == "optimizer_step"
+    assert abs((g.total_bytes - g.cuda_context_bytes) - reserved) / reserved <= 0.03
+
+
+def test_the_segments_an_unfused_step_adds_are_the_loss_blocks_it_could_not_place() -> None:
+    """The allocator's history of the trace the term came from: every segment created after
+    initialisation is one of the loss's blocks, and the plan counts exactly those."""
+    trace_dir = RESULTS / "alloc-trace"
+    case = "llama-3.2-3b|full|z0|off=none|ckpt|s4096|mb2|g1|o=sgd"
+    record = next(json.loads(line) for line in
+                  (trace_dir / "nvidia-h100-2026-12-07-trace-unfused.jsonl").read_text().splitlines()
+                  if json.loads(line)["case"] == case)
+    trace_file = "llama-3.2-3b_full_z0_off_none_ckpt_s4096_mb2_g1_o_sgd-alloc-trace-rank0.json"
+    trace = json.loads((trace_dir / trace_file).read_text())
+    # initialisation's allocated peak is its optimizer step on the zero gradients, after its last segment
+    initialised = next(p["event"] for p in trace["phases"] if p["phase"] == "before the first mark")
+    added = sum(s["segment_bytes"] for s in trace["segment_allocs"] if s["event"] > initialised)
+    g = plan(record["spec"]).per_gpu
+    assert g.total_bytes - g.cuda_context_bytes - g.optimizer_step_bytes == pytest.approx(added, rel=0.01)
+    assert g.optimizer_step_bytes == pytest.approx(record["measured"]["torch_max_allocated_bytes"], rel=0.01)
