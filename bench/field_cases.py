@@ -421,6 +421,20 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("full-llama3b-z0-s512-mb4-sgd", "llama-3.2-3b", "full", Z0, seq_len=512, micro=4,
             accumulation=1, checkpointing=True, optimizer="sgd"),
     ]),
+    # full fine-tunes under ZeRO-0 with optimizers other than FusedAdam, their peak at the step: the
+    # loss's blocks partly placed in the cached gradient blocks of initialisation (Llama 3.2 1B at
+    # 4 x 256), none (Qwen2.5-1.5B with 8-bit AdamW at 4 x 2048, Llama 3.2 3B with Lion at 2 x 1024),
+    # and a soft-capped loss (Gemma 2 2B with SGD at 2 x 1024)
+    "heldout17": (None, [
+        job("full-llama1b-z0-s256-mb4-sgd", "llama-3.2-1b", "full", Z0, seq_len=256, micro=4,
+            accumulation=1, checkpointing=True, optimizer="sgd"),
+        job("full-qwen1.5b-z0-s2048-mb4-adamw8bit", "qwen2.5-1.5b", "full", Z0, seq_len=2048, micro=4,
+            accumulation=1, checkpointing=True, optimizer="adamw_8bit"),
+        job("full-llama3b-z0-s1024-mb2-lion", "llama-3.2-3b", "full", Z0, seq_len=1024, micro=2,
+            accumulation=1, checkpointing=True, optimizer="lion"),
+        job("full-gemma2-2b-z0-s1024-mb2-sgd", "gemma-2-2b", "full", Z0, seq_len=1024, micro=2,
+            accumulation=1, checkpointing=True, optimizer="sgd"),
+    ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
         job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
@@ -445,7 +459,7 @@ SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranke
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
               "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11",
               "heldout11-alone", "heldout12", "heldout13", "heldout14", "heldout15",
-              "heldout16"}
+              "heldout16", "heldout17"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
