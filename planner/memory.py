@@ -642,9 +642,8 @@ def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> Mem
     floor = max(init_reserved, step + _zero1_freed_gradients(facts, s, w))
     if _unfused_wrapper(s):
         # the step reuses the blocks of the gradients initialisation allocated: it needs no slack,
-        # and what the loss could not fit in them stays reserved beside it
-        steady = max(forward_backward + slack, step)
-        floor = max(floor, step + _unplaced_loss_blocks(facts, s, w))
+        # and what the loss could not fit in them stays reserved beside it, within the job's limit
+        steady = max(forward_backward + slack, step + _unplaced_loss_blocks(facts, s, w))
     else:
         steady = allocated + slack
     host, nvme = _host(facts, s, w)
