@@ -12,7 +12,7 @@ this module on any machine.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.catalogue import lookup
@@ -1024,8 +1024,7 @@ def _with_optimizer(case: Case, optimizer: str) -> Case:
     spec = copy.deepcopy(case.spec)
     spec["training"]["optimizer"] = optimizer
     spec["name"] = f"{case.name}|o={optimizer}"
-    return Case(name=spec["name"], spec=spec, est_seconds=case.est_seconds,
-                measured_steps=case.measured_steps, group=case.group, expect=case.expect)
+    return replace(case, name=spec["name"], spec=spec)
 
 
 def _unfused_step() -> list[Case]:

@@ -70,6 +70,12 @@ def job(name: str, model: str, method: str, resources: dict[str, Any], *, seq_le
             **({"alternative": alternative} if alternative else {})}
 
 
+def zero0_full(name: str, model: str, seq_len: int, micro: int, optimizer: str) -> dict[str, Any]:
+    """A full fine-tune under ZeRO-0 on one GPU, one micro-batch a step, with checkpointing."""
+    return job(name, model, "full", Z0, seq_len=seq_len, micro=micro, accumulation=1, checkpointing=True,
+               optimizer=optimizer)
+
+
 def ranked(name: str, model: str, method: str, *, alternatives: int = 2, **kw: Any) -> list[dict[str, Any]]:
     """The plan's choice for an all-"auto" job and its next ``alternatives`` configurations."""
     return [job(f"{name}-auto", model, method, AUTO, **kw)] + [
@@ -387,17 +393,14 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-llama3b-z1-offopt-s4096-mb2", "llama-3.2-3b", "lora",
             ONE_GPU | {"zero_stage": 1, "offload_optimizer": "cpu"}, seq_len=4096, micro=2, accumulation=1,
             checkpointing=True),
-        job("full-qwen0.5b-z0-s8192-mb2-lion", "qwen2.5-0.5b", "full", Z0, seq_len=8192, micro=2,
-            accumulation=1, checkpointing=True, optimizer="lion"),
+        zero0_full("full-qwen0.5b-z0-s8192-mb2-lion", "qwen2.5-0.5b", 8192, 2, "lion"),
     ]),
     # full fine-tunes under ZeRO-0 with optimizers that are not FusedAdam (a checkpoint save without
     # a flat fp32 group), QLoRA under ZeRO-1 on Gemma 2 at 2 x 4096, and Llama 3.1 8B LoRA under
     # ZeRO-2 with the optimizer on the CPU
     "heldout15": (None, [
-        job("full-llama1b-z0-s2048-mb4-sgd", "llama-3.2-1b", "full", Z0, seq_len=2048, micro=4,
-            accumulation=1, checkpointing=True, optimizer="sgd"),
-        job("full-qwen1.5b-z0-s1024-mb4-adamw8bit", "qwen2.5-1.5b", "full", Z0, seq_len=1024, micro=4,
-            accumulation=1, checkpointing=True, optimizer="adamw_8bit"),
+        zero0_full("full-llama1b-z0-s2048-mb4-sgd", "llama-3.2-1b", 2048, 4, "sgd"),
+        zero0_full("full-qwen1.5b-z0-s1024-mb4-adamw8bit", "qwen2.5-1.5b", 1024, 4, "adamw_8bit"),
         job("qlora-gemma2-2b-z1-s4096-mb2", "gemma-2-2b", "qlora", ONE_GPU | {"zero_stage": 1}, seq_len=4096,
             micro=2, accumulation=1, checkpointing=True),
         job("lora-llama8b-z2-offopt-s2048-mb4", "llama-3.1-8b", "lora",
@@ -418,38 +421,28 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("full-qwen1.5b-z1-s1024-mb8-lion", "qwen2.5-1.5b", "full", ONE_GPU | {"zero_stage": 1},
             seq_len=1024, micro=8, accumulation=1, checkpointing=True, optimizer="lion"),
         # ZeRO-0 with an optimizer that is not FusedAdam, its peak at the optimizer step
-        job("full-llama3b-z0-s512-mb4-sgd", "llama-3.2-3b", "full", Z0, seq_len=512, micro=4,
-            accumulation=1, checkpointing=True, optimizer="sgd"),
+        zero0_full("full-llama3b-z0-s512-mb4-sgd", "llama-3.2-3b", 512, 4, "sgd"),
     ]),
     # full fine-tunes under ZeRO-0 with optimizers other than FusedAdam, their peak at the step: the
     # loss's blocks partly placed in the cached gradient blocks of initialisation (Llama 3.2 1B at
     # 4 x 256), none (Qwen2.5-1.5B with 8-bit AdamW at 4 x 2048, Llama 3.2 3B with Lion at 2 x 1024),
     # and a soft-capped loss (Gemma 2 2B with SGD at 2 x 1024)
     "heldout17": (None, [
-        job("full-llama1b-z0-s256-mb4-sgd", "llama-3.2-1b", "full", Z0, seq_len=256, micro=4,
-            accumulation=1, checkpointing=True, optimizer="sgd"),
-        job("full-qwen1.5b-z0-s2048-mb4-adamw8bit", "qwen2.5-1.5b", "full", Z0, seq_len=2048, micro=4,
-            accumulation=1, checkpointing=True, optimizer="adamw_8bit"),
-        job("full-llama3b-z0-s1024-mb2-lion", "llama-3.2-3b", "full", Z0, seq_len=1024, micro=2,
-            accumulation=1, checkpointing=True, optimizer="lion"),
-        job("full-gemma2-2b-z0-s1024-mb2-sgd", "gemma-2-2b", "full", Z0, seq_len=1024, micro=2,
-            accumulation=1, checkpointing=True, optimizer="sgd"),
+        zero0_full("full-llama1b-z0-s256-mb4-sgd", "llama-3.2-1b", 256, 4, "sgd"),
+        zero0_full("full-qwen1.5b-z0-s2048-mb4-adamw8bit", "qwen2.5-1.5b", 2048, 4, "adamw_8bit"),
+        zero0_full("full-llama3b-z0-s1024-mb2-lion", "llama-3.2-3b", 1024, 2, "lion"),
+        zero0_full("full-gemma2-2b-z0-s1024-mb2-sgd", "gemma-2-2b", 1024, 2, "sgd"),
     ]),
     # the unfused step's loss blocks inside the lease and the allocator limit: heldout17's two jobs
     # that ran at a limit without them, again, and three more (no block unplaced: Phi-3 mini, whose
     # untied head and embedding hold the loss; some: Llama 3.2 3B with 8-bit AdamW; all: Qwen2.5-3B
     # with Lion at 4 x 1024)
     "heldout18": (None, [
-        job("full-qwen1.5b-z0-s2048-mb4-adamw8bit", "qwen2.5-1.5b", "full", Z0, seq_len=2048, micro=4,
-            accumulation=1, checkpointing=True, optimizer="adamw_8bit"),
-        job("full-llama1b-z0-s256-mb4-sgd", "llama-3.2-1b", "full", Z0, seq_len=256, micro=4,
-            accumulation=1, checkpointing=True, optimizer="sgd"),
-        job("full-phi3-z0-s512-mb2-sgd", "phi-3-mini", "full", Z0, seq_len=512, micro=2, accumulation=1,
-            checkpointing=True, optimizer="sgd"),
-        job("full-llama3b-z0-s2048-mb1-adamw8bit", "llama-3.2-3b", "full", Z0, seq_len=2048, micro=1,
-            accumulation=1, checkpointing=True, optimizer="adamw_8bit"),
-        job("full-qwen3b-z0-s1024-mb4-lion", "qwen2.5-3b", "full", Z0, seq_len=1024, micro=4,
-            accumulation=1, checkpointing=True, optimizer="lion"),
+        zero0_full("full-qwen1.5b-z0-s2048-mb4-adamw8bit", "qwen2.5-1.5b", 2048, 4, "adamw_8bit"),
+        zero0_full("full-llama1b-z0-s256-mb4-sgd", "llama-3.2-1b", 256, 4, "sgd"),
+        zero0_full("full-phi3-z0-s512-mb2-sgd", "phi-3-mini", 512, 2, "sgd"),
+        zero0_full("full-llama3b-z0-s2048-mb1-adamw8bit", "llama-3.2-3b", 2048, 1, "adamw_8bit"),
+        zero0_full("full-qwen3b-z0-s1024-mb4-lion", "qwen2.5-3b", 1024, 4, "lion"),
     ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [

@@ -31,6 +31,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal
 
 from planner import constants as C
 from planner.activations import ActivationEstimate, estimate_activations
@@ -453,7 +454,7 @@ def _checkpoint_save(facts: ModelFacts, s: Setup, w: int) -> float:
     embedding once per name of the state dict; LoRA: the adapters) and holds them while
     ``save_pretrained`` writes them."""
     n, t = s.num_gpus, facts.trainable_parameters
-    flat = s.zero_stage > 0 or (s.optimizer == "adamw" and s.precision != "fp32")
+    flat = s.zero_stage > 0 or _zero0_wrapper(s) == "fused"
     storage = t / _partition(s) if flat else _largest_trainable(facts)  # elements of the largest
     fp32 = 0.0
     if s.offload_optimizer == "none":
@@ -640,7 +641,7 @@ def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> Mem
     init_reserved += _reduction_stream_blocks(facts, s, w)
     # ZeRO-1's step runs beside the cached blocks of the per-parameter gradients it has just freed
     floor = max(init_reserved, step + _zero1_freed_gradients(facts, s, w))
-    if _unfused_wrapper(s):
+    if _zero0_wrapper(s) == "unfused":
         # the step reuses the blocks of the gradients initialisation allocated: it needs no slack,
         # and what the loss could not fit in them stays reserved beside it, within the job's limit
         steady = max(forward_backward + slack, step + _unplaced_loss_blocks(facts, s, w))
@@ -687,17 +688,21 @@ def _initialization(facts: ModelFacts, s: Setup) -> tuple[float, float]:
     return whole + flat, whole + flat + clone
 
 
-def _unfused_wrapper(s: Setup) -> bool:
-    """Whether DeepSpeed wraps the optimizer in ``FP16_UnfusedOptimizer``: ZeRO-0 in 16-bit precision
-    with any optimizer but its FusedAdam. Its ``initialize_optimizer_states`` gives every trainable
-    parameter a zero 16-bit and fp32 gradient and runs one step, so the allocator's cache holds a
-    block of each parameter's size in both dtypes from then on."""
-    return s.zero_stage == 0 and s.precision != "fp32" and s.optimizer != "adamw"
+def _zero0_wrapper(s: Setup) -> Literal["fused", "unfused"] | None:
+    """The wrapper DeepSpeed puts around the optimizer under ZeRO-0 in 16-bit precision (none at other
+    stages or in fp32): ``FP16_Optimizer``, flat groups, for its FusedAdam ("fused"), and
+    ``FP16_UnfusedOptimizer``, one fp32 master per parameter, for any other ("unfused"). The unfused
+    one's ``initialize_optimizer_states`` gives every trainable parameter a zero 16-bit and fp32
+    gradient and runs one step, so the allocator's cache holds a block of each parameter's size in
+    both dtypes from then on."""
+    if s.zero_stage != 0 or s.precision == "fp32":
+        return None
+    return "fused" if s.optimizer == "adamw" else "unfused"
 
 
 def _unplaced_loss_blocks(facts: ModelFacts, s: Setup, w: int) -> float:
     """Bytes of the loss's vocabulary-sized blocks that no cached gradient block of an unfused
-    ZeRO-0 optimizer's initialisation (``_unfused_wrapper``) can hold: the allocator serves each
+    ZeRO-0 optimizer's initialisation (``_zero0_wrapper``) can hold: the allocator serves each
     request from the smallest free block at least its size, splitting it, and takes a new segment
     where none is large enough. The blocks: the 16-bit logits (and, soft-capped,
     tanh's output) and the three fp32 tensors of the loss's backward (``logits_bytes_per_token``)."""

@@ -208,9 +208,9 @@ def test_the_segments_an_unfused_step_adds_are_the_loss_blocks_it_could_not_plac
     initialisation is one of the loss's blocks, and the plan counts exactly those."""
     trace_dir = RESULTS / "alloc-trace"
     case = "llama-3.2-3b|full|z0|off=none|ckpt|s4096|mb2|g1|o=sgd"
-    record = next(json.loads(line) for line in
-                  (trace_dir / "nvidia-h100-2026-12-07-trace-unfused.jsonl").read_text().splitlines()
-                  if json.loads(line)["case"] == case)
+    records = (json.loads(line) for line in
+               (trace_dir / "nvidia-h100-2026-12-07-trace-unfused.jsonl").read_text().splitlines())
+    record = next(r for r in records if r["case"] == case)
     trace_file = "llama-3.2-3b_full_z0_off_none_ckpt_s4096_mb2_g1_o_sgd-alloc-trace-rank0.json"
     trace = json.loads((trace_dir / trace_file).read_text())
     # initialisation's allocated peak is its optimizer step on the zero gradients, after its last segment
