@@ -1041,6 +1041,21 @@ def _unfused_step() -> list[Case]:
     ]
 
 
+def _long_rows() -> list[Case]:
+    """LoRA and QLoRA on all projections with many tokens a micro-batch, whose allocator cached more
+    above the allocated peak than the plan's slack in the field cases (heldout9's Llama 3.2 3B QLoRA at
+    8 x 2048, heldout15's Gemma 2 2B QLoRA at 2 x 4096 under ZeRO-1, heldout16's Gemma 2 2B LoRA at
+    16 x 512), and the Llama 3.2 1B SGD job of heldout17 and heldout18 that reached its allocator limit
+    both times, here without one. Run with ``--alloc-trace``."""
+    g, every = "long-rows", _EVERY_PROJECTION
+    return [
+        make_case("llama-3.2-3b", "qlora", 0, "none", True, 2048, 8, 1, group=g, targets=every),
+        make_case("gemma-2-2b", "qlora", 1, "none", True, 4096, 2, 1, group=g, targets=every),
+        make_case("gemma-2-2b", "lora", 0, "none", True, 512, 16, 1, group=g, targets=every),
+        _with_optimizer(make_case("llama-3.2-1b", "full", 0, "none", True, 256, 4, 1, group=g), "sgd"),
+    ]
+
+
 CASES: list[Case] = _core() + _rest()
 HELDOUT_CASES: list[Case] = _heldout()
 HELDOUT3_CASES: list[Case] = _heldout3()
@@ -1089,7 +1104,8 @@ MATRICES: dict[str, list[Case]] = {"main": CASES, "heldout": HELDOUT_CASES, "hel
                                    "heldout25": HELDOUT25_CASES, "heldout26": HELDOUT26_CASES,
                                    "heldout27": HELDOUT27_CASES, "heldout28": HELDOUT28_CASES,
                                    "heldout29": HELDOUT29_CASES,
-                                   "limit": _limit_experiment(), "unfused": _unfused_step()}
+                                   "limit": _limit_experiment(), "unfused": _unfused_step(),
+                                   "long-rows": _long_rows()}
 
 
 def by_name() -> dict[str, Case]:
