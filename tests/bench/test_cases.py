@@ -49,7 +49,7 @@ from bench.cases import (
 )
 from planner.spec import JobSpec
 
-NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora)\|z(?P<stage>[0-3])\|"
+NAME = re.compile(r"^(?P<model>[a-z0-9.\-]+)\|(?P<method>full|lora|qlora)\|z(?P<stage>[0-3])\|"
                   r"off=(?P<off>none|opt|opt\+param)\|(?P<ckpt>ckpt|nockpt)\|s(?P<seq>\d+)\|"
                   r"mb(?P<mb>\d+)\|g(?P<ga>\d+)(\|gpus(?P<gpus>\d+))?"
                   r"(\|t=(?P<targets>[a-z_.]+))?(\|r=(?P<rank>\d+))?(\|o=(?P<optimizer>[a-z0-9_]+))?$")
