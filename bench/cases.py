@@ -1045,8 +1045,8 @@ def _long_rows() -> list[Case]:
     """LoRA and QLoRA on all projections with many tokens a micro-batch, whose allocator cached more
     above the allocated peak than the plan's slack in the field cases (heldout9's Llama 3.2 3B QLoRA at
     8 x 2048, heldout15's Gemma 2 2B QLoRA at 2 x 4096 under ZeRO-1, heldout16's Gemma 2 2B LoRA at
-    16 x 512), and the Llama 3.2 1B SGD job of heldout17 and heldout18 that reached its allocator limit
-    both times, here without one. Run with ``--alloc-trace``."""
+    16 x 512), and the Llama 3.2 1B SGD job of heldout17 and heldout18 that reserved 0.19 GiB under
+    its allocator limit both times, here without one. Run with ``--alloc-trace``."""
     g, every = "long-rows", _EVERY_PROJECTION
     return [
         make_case("llama-3.2-3b", "qlora", 0, "none", True, 2048, 8, 1, group=g, targets=every),
