@@ -444,6 +444,22 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         zero0_full("full-llama3b-z0-s2048-mb1-adamw8bit", "llama-3.2-3b", 2048, 1, "adamw_8bit"),
         zero0_full("full-qwen3b-z0-s1024-mb4-lion", "qwen2.5-3b", 1024, 4, "lion"),
     ]),
+    # held out for the checkpointed forward's free segments (CHECKPOINT_SEGMENTS): LoRA and QLoRA with
+    # checkpointing at 8,192-16,384 tokens a micro-batch on shapes whose MLP holds two to five
+    # checkpoints a block, a ZeRO-1 and a ZeRO-2 among them, and Gemma 2 under its eager attention
+    "heldout19": (None, [
+        job("qlora-llama3b-z1-s2048-mb6", "llama-3.2-3b", "qlora", ONE_GPU | {"zero_stage": 1}, seq_len=2048,
+            micro=6, accumulation=1, checkpointing=True),
+        job("lora-qwen3b-z0-s2048-mb8-all", "qwen2.5-3b", "lora", Z0, seq_len=2048, micro=8, accumulation=1,
+            checkpointing=True, targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                         "down_proj"]),
+        job("lora-llama1b-z2-s2048-mb8", "llama-3.2-1b", "lora", ONE_GPU | {"zero_stage": 2}, seq_len=2048,
+            micro=8, accumulation=1, checkpointing=True),
+        job("qlora-qwen1.5b-z0-s1024-mb16", "qwen2.5-1.5b", "qlora", Z0, seq_len=1024, micro=16,
+            accumulation=1, checkpointing=True),
+        job("lora-gemma2-2b-z0-s2048-mb4", "gemma-2-2b", "lora", Z0, seq_len=2048, micro=4, accumulation=1,
+            checkpointing=True),
+    ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
         job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
@@ -468,7 +484,7 @@ SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranke
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
               "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11",
               "heldout11-alone", "heldout12", "heldout13", "heldout14", "heldout15",
-              "heldout16", "heldout17", "heldout18"}
+              "heldout16", "heldout17", "heldout18", "heldout19"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

@@ -641,6 +641,8 @@ def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> Mem
     init_reserved += _reduction_stream_blocks(facts, s, w)
     # ZeRO-1's step runs beside the cached blocks of the per-parameter gradients it has just freed
     floor = max(init_reserved, step + _zero1_freed_gradients(facts, s, w))
+    loss_moment = resident + gathered + before_gradients
+    slack += _checkpoint_segments_beside_the_loss(facts, s, w, loss_moment, allocated)
     if _zero0_wrapper(s) == "unfused":
         # the step reuses the blocks of the gradients initialisation allocated: it needs no slack,
         # and what the loss could not fit in them stays reserved beside it, within the job's limit
@@ -811,6 +813,30 @@ def _at_offloaded_gradient(facts: ModelFacts, s: Setup, w: int, bufs: _Phases) -
 @lru_cache(maxsize=1024)
 def _largest_layer_trainable(facts: ModelFacts) -> int:
     return max((t.numel for t in facts.layer_tensors if t.trainable), default=0)
+
+
+def _checkpoint_segments_beside_the_loss(facts: ModelFacts, s: Setup, w: int, at_loss: float,
+                                         allocated: float) -> float:
+    """Reserved bytes a checkpointed forward adds above the allocated peak (``CHECKPOINT_SEGMENTS``
+    in calibration.json). Each layer's output, the next layer's checkpoint, is cut from the freed
+    block of the layer's MLP intermediate, so a block holds floor(intermediate / hidden) checkpoints
+    and the layers after take a new one; the two blocks of the last layer's MLP stay free beside
+    them. The loss's vocabulary-sized requests fit in none, so these free bytes are reserved beside
+    it, less what the blocks the step before cached hold (its largest gradient's fp32 block; where
+    ZeRO-3 fetches parameters, one fetch: the gathered parameters under full fine-tuning, the
+    embedding under LoRA). Backward's gradients and the step's blocks reuse them."""
+    if not s.gradient_checkpointing:
+        return 0.0
+    arch = facts.arch
+    act = 4 if s.precision == "fp32" else 2
+    per_block = max(1, arch.intermediate_size // arch.hidden_size)
+    blocks = -(-arch.num_layers // per_block) + 2
+    per_token = act * (blocks * arch.intermediate_size - arch.num_layers * arch.hidden_size)
+    free = per_token * s.tokens_per_micro_batch
+    gathered = _gathered_bytes(facts, s)
+    fetch = gathered if s.method == "full" or gathered <= 0 else w * arch.vocab_size * arch.hidden_size
+    held = _FP32 * _largest_trainable(facts) + fetch
+    return max(0.0, at_loss + max(0.0, free - held) - allocated)
 
 
 def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from planner import constants, plan
+from planner import constants, plan, resolve_lora
 from planner.calibration import CALIBRATION, KINDS, parse, trial
 from tests.planner.support import H200_BYTES, TINY_CONFIGS
 
@@ -219,3 +219,37 @@ def test_the_segments_an_unfused_step_adds_are_the_loss_blocks_it_could_not_plac
     g = plan(record["spec"]).per_gpu
     assert g.total_bytes - g.cuda_context_bytes - g.optimizer_step_bytes == pytest.approx(added, rel=0.01)
     assert g.optimizer_step_bytes == pytest.approx(record["measured"]["torch_max_allocated_bytes"], rel=0.01)
+
+
+def test_the_checkpointed_forward_takes_the_segments_the_plan_counts() -> None:
+    """The allocator's history of the trace the term came from: between the first intermediate-sized
+    segment of the forward and the loss's first vocabulary-sized one, the forward took exactly the
+    blocks of the MLP intermediate that the plan counts, and their free bytes are the term's."""
+    from planner.arch import arch_from_config
+    from planner.facts import model_facts
+    from planner.memory import _FP32, _checkpoint_segments_beside_the_loss, _largest_trainable
+    from planner.setup import Setup
+
+    trace_dir = RESULTS / "alloc-trace"
+    records = (json.loads(line) for line in
+               (trace_dir / "nvidia-h100-2026-12-07-trace-long-rows.jsonl").read_text().splitlines())
+    record = next(r for r in records if r["case"].startswith("llama-3.2-3b|qlora|z0"))
+    trace_file = "llama-3.2-3b_qlora_z0_off_none_ckpt_s2048_mb8_g1_t_all-alloc-trace-rank0.json"
+    trace = json.loads((trace_dir / trace_file).read_text())
+    spec = record["spec"]
+    arch = arch_from_config(spec["model"]["config"])
+    tokens = spec["training"]["micro_batch_size"] * spec["training"]["seq_len"]
+    intermediate, hidden = 2 * tokens * arch.intermediate_size, 2 * tokens * arch.hidden_size
+    vocabulary = 2 * tokens * arch.vocab_size
+    sizes = [s["segment_bytes"] for s in trace["segment_allocs"]]
+    forward = sizes[sizes.index(intermediate):next(i for i, b in enumerate(sizes) if b >= vocabulary)]
+    assert set(forward) == {intermediate} and len(forward) == 16  # 28 layers, two checkpoints a block, +2
+
+    lora = resolve_lora(arch, 16, spec["lora"]["target_modules"], 0.0)
+    facts = model_facts(arch, "qlora", lora, "bf16")
+    setup = Setup(method="qlora", num_gpus=1, zero_stage=0, offload_optimizer="none", offload_param="none",
+                  micro_batch_size=8, gradient_accumulation_steps=1, seq_len=2048,
+                  gradient_checkpointing=True, precision="bf16", optimizer="adamw")
+    held = _FP32 * _largest_trainable(facts)  # the adapters' largest gradient block
+    counted = _checkpoint_segments_beside_the_loss(facts, setup, 2, at_loss=0.0, allocated=0.0)
+    assert counted + held == len(forward) * intermediate - arch.num_layers * hidden
