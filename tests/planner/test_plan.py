@@ -635,7 +635,7 @@ def test_allocator_slack_grows_with_the_loss_blocks_of_a_micro_batch() -> None:
     vocab = 151936  # Qwen2.5-0.5B
     # the checkpointed forward's free segments (CHECKPOINT_SEGMENTS): 24 layers' checkpoints (hidden
     # 896) in blocks of the MLP intermediate (4864), five to a block, seven blocks with the two of the
-    # last layer's MLP; the adapters' gradients hold none of it
+    # last layer's MLP; the adapters' largest gradient block holds the same few bytes of it at both
     segments_per_token = 2 * (7 * 4864 - 24 * 896)
     grown = slack(8192) - slack(1024)
     loss = C.ALLOCATOR_LOGITS_BLOCKS * 4 * vocab * 2 * 7168
