@@ -642,7 +642,7 @@ def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> Mem
     # ZeRO-1's step runs beside the cached blocks of the per-parameter gradients it has just freed
     floor = max(init_reserved, step + _zero1_freed_gradients(facts, s, w))
     loss_moment = resident + gathered + before_gradients
-    slack += _checkpoint_segments_beside_the_loss(facts, s, w, loss_moment, allocated)
+    slack += _checkpoint_segments_beside_the_loss(facts, s, w, gathered, loss_moment, allocated)
     if _zero0_wrapper(s) == "unfused":
         # the step reuses the blocks of the gradients initialisation allocated: it needs no slack,
         # and what the loss could not fit in them stays reserved beside it, within the job's limit
@@ -815,16 +815,15 @@ def _largest_layer_trainable(facts: ModelFacts) -> int:
     return max((t.numel for t in facts.layer_tensors if t.trainable), default=0)
 
 
-def _checkpoint_segments_beside_the_loss(facts: ModelFacts, s: Setup, w: int, at_loss: float,
-                                         allocated: float) -> float:
+def _checkpoint_segments_beside_the_loss(facts: ModelFacts, s: Setup, w: int, gathered: float,
+                                         at_loss: float, allocated: float) -> float:
     """Reserved bytes a checkpointed forward adds above the allocated peak (``CHECKPOINT_SEGMENTS``
     in calibration.json). Each layer's output, the next layer's checkpoint, is cut from the freed
     block of the layer's MLP intermediate, so a block holds floor(intermediate / hidden) checkpoints
     and the layers after take a new one; the two blocks of the last layer's MLP stay free beside
     them. The loss's vocabulary-sized requests fit in none, so these free bytes are reserved beside
-    it, less what the blocks the step before cached hold (its largest gradient's fp32 block; where
-    ZeRO-3 fetches parameters, one fetch: the gathered parameters under full fine-tuning, the
-    embedding under LoRA). Backward's gradients and the step's blocks reuse them."""
+    it, less what the blocks the step before cached hold (its largest gradient's fp32 block and one
+    ZeRO-3 fetch, ``_fetch_block``). Backward's gradients and the step's blocks reuse them."""
     if not s.gradient_checkpointing:
         return 0.0
     arch = facts.arch
@@ -833,10 +832,17 @@ def _checkpoint_segments_beside_the_loss(facts: ModelFacts, s: Setup, w: int, at
     blocks = -(-arch.num_layers // per_block) + 2
     per_token = act * (blocks * arch.intermediate_size - arch.num_layers * arch.hidden_size)
     free = per_token * s.tokens_per_micro_batch
-    gathered = _gathered_bytes(facts, s)
-    fetch = gathered if s.method == "full" or gathered <= 0 else w * arch.vocab_size * arch.hidden_size
-    held = _FP32 * _largest_trainable(facts) + fetch
+    held = _FP32 * _largest_trainable(facts) + _fetch_block(facts, s, w, gathered)
     return max(0.0, at_loss + max(0.0, free - held) - allocated)
+
+
+def _fetch_block(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:
+    """One block of what ZeRO-3 fetches, where it fetches parameters (several GPUs or parameter
+    offload; ``gathered`` > 0): the gathered parameters under full fine-tuning, the embedding's
+    weight under LoRA (the gathered embedding and LM head)."""
+    if gathered <= 0:
+        return 0.0
+    return gathered if s.method == "full" else w * facts.arch.vocab_size * facts.arch.hidden_size
 
 
 def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:
@@ -848,12 +854,11 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
     reduce buckets when the step cannot reuse them; ZeRO-2's accumulated gradient partition; and the
     soft-capped loss's extra block (see constants.py)."""
     arch = facts.arch
-    fetched = 0.0
-    if gathered > 0 and s.method == "full":
-        fetched = C.ALLOCATOR_GATHERED_BLOCKS * gathered
-    elif gathered > 0:
-        blocks = C.ALLOCATOR_VOCABULARY_BLOCKS if s.num_gpus > 1 else C.ALLOCATOR_VOCABULARY_BLOCKS_ONE_GPU
-        fetched = blocks * w * arch.vocab_size * arch.hidden_size
+    fetch_blocks = (
+        C.ALLOCATOR_GATHERED_BLOCKS if s.method == "full"
+        else C.ALLOCATOR_VOCABULARY_BLOCKS if s.num_gpus > 1
+        else C.ALLOCATOR_VOCABULARY_BLOCKS_ONE_GPU
+    )
     largest = (
         C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED
         if s.offload_optimizer != "none"
@@ -863,7 +868,7 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
         C.ALLOCATOR_SLACK_BYTES
         + C.ALLOCATOR_LOGITS_BLOCKS * _FP32 * arch.vocab_size * s.logits_tokens
         + largest * _FP32 * _largest_trainable(facts)
-        + fetched
+        + fetch_blocks * _fetch_block(facts, s, w, gathered)
         + _stranded_buckets(facts, s, w)
         + _accumulated_partition_block(facts, s, w)
         + _extra_loss_block(facts, s, w)

@@ -251,5 +251,5 @@ def test_the_checkpointed_forward_takes_the_segments_the_plan_counts() -> None:
                   micro_batch_size=8, gradient_accumulation_steps=1, seq_len=2048,
                   gradient_checkpointing=True, precision="bf16", optimizer="adamw")
     held = _FP32 * _largest_trainable(facts)  # the adapters' largest gradient block
-    counted = _checkpoint_segments_beside_the_loss(facts, setup, 2, at_loss=0.0, allocated=0.0)
+    counted = _checkpoint_segments_beside_the_loss(facts, setup, 2, 0.0, at_loss=0.0, allocated=0.0)
     assert counted + held == len(forward) * intermediate - arch.num_layers * hidden
