@@ -460,6 +460,27 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-gemma2-2b-z0-s2048-mb4", "gemma-2-2b", "lora", Z0, seq_len=2048, micro=4, accumulation=1,
             checkpointing=True),
     ]),
+    # held out for ZeRO-3's reduction stream with the optimizer on the CPU (ZERO3_REDUCTION_STREAM):
+    # full fine-tunes on one GPU whose buckets differ from the traced ones (Gemma 2 2B's embedding,
+    # larger than a bucket, reduced alone; Phi-3 mini's untied head and fused projections; Qwen2.5-3B
+    # and -0.5B, the second with its parameters on the card), and LoRA on Llama 3.1 8B, whose adapters'
+    # gradients fill one bucket
+    "heldout20": (None, [
+        job("full-gemma2-2b-z3-offopt-s2048-mb2", "gemma-2-2b", "full",
+            ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}, seq_len=2048, micro=2, accumulation=1,
+            checkpointing=True),
+        job("full-qwen3b-z3-offload-s2048-mb2", "qwen2.5-3b", "full", FIELD_REPORT, seq_len=2048, micro=2,
+            accumulation=1, checkpointing=True),
+        job("full-qwen0.5b-z3-offopt-s4096-mb4", "qwen2.5-0.5b", "full",
+            ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}, seq_len=4096, micro=4, accumulation=1,
+            checkpointing=True),
+        job("full-phi3-z3-offopt-s1024-mb2", "phi-3-mini", "full",
+            ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}, seq_len=1024, micro=2, accumulation=1,
+            checkpointing=True),
+        job("lora-llama8b-z3-offopt-s2048-mb2", "llama-3.1-8b", "lora",
+            ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}, seq_len=2048, micro=2, accumulation=1,
+            checkpointing=True),
+    ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
         job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
@@ -484,7 +505,7 @@ SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranke
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
               "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11",
               "heldout11-alone", "heldout12", "heldout13", "heldout14", "heldout15",
-              "heldout16", "heldout17", "heldout18", "heldout19"}
+              "heldout16", "heldout17", "heldout18", "heldout19", "heldout20"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

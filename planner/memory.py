@@ -34,6 +34,7 @@ from functools import lru_cache
 from typing import Literal
 
 from planner import constants as C
+from planner import reduction
 from planner.activations import ActivationEstimate, estimate_activations
 from planner.arch import Arch
 from planner.lora import LoraTargets
@@ -847,10 +848,9 @@ def _fetch_block(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:
 
 def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:
     """Reserved minus allocated at the reserved peak: the allocator's fixed part, the cached
-    vocabulary-sized blocks of the loss, the cached gradient-sized blocks of the largest trainable
-    tensor (fewer with the optimizer offloaded: its step's copies live on the host), where ZeRO-3
-    fetches parameters (several GPUs or parameter offload) the cached blocks of the fetches (under
-    full fine-tuning) or of the gathered embedding and LM head (under LoRA); ZeRO-1/2's freed
+    vocabulary-sized blocks of the loss, the blocks the gradients leave (``_cached_gradient_blocks``),
+    where ZeRO-3 fetches parameters (several GPUs or parameter offload) the cached blocks of the
+    fetches (under full fine-tuning) or of the gathered embedding and LM head (under LoRA); ZeRO-1/2's freed
     reduce buckets when the step cannot reuse them; ZeRO-2's accumulated gradient partition; and the
     soft-capped loss's extra block (see constants.py)."""
     arch = facts.arch
@@ -859,20 +859,30 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
         else C.ALLOCATOR_VOCABULARY_BLOCKS if s.num_gpus > 1
         else C.ALLOCATOR_VOCABULARY_BLOCKS_ONE_GPU
     )
-    largest = (
-        C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED
-        if s.offload_optimizer != "none"
-        else C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS
-    )
     return (
         C.ALLOCATOR_SLACK_BYTES
         + C.ALLOCATOR_LOGITS_BLOCKS * _FP32 * arch.vocab_size * s.logits_tokens
-        + largest * _FP32 * _largest_trainable(facts)
+        + _cached_gradient_blocks(facts, s, w)
         + fetch_blocks * _fetch_block(facts, s, w, gathered)
         + _stranded_buckets(facts, s, w)
         + _accumulated_partition_block(facts, s, w)
         + _extra_loss_block(facts, s, w)
     )
+
+
+def _cached_gradient_blocks(facts: ModelFacts, s: Setup, w: int) -> float:
+    """The cached blocks the gradients leave: under ZeRO-3 with the optimizer on the CPU, the
+    segments of DeepSpeed's reduction stream (``planner/reduction.py``, ``ZERO3_REDUCTION_STREAM``);
+    otherwise fitted blocks of the largest trainable tensor's size in fp32."""
+    if s.zero_stage == 3 and s.offload_optimizer == "cpu":
+        return float(reduction.reserved_bytes(facts.arch, facts.lora, w, s.num_gpus,
+                                              int(s.knobs.reduce_bucket_size)))
+    largest = (
+        C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED
+        if s.offload_optimizer != "none"
+        else C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS
+    )
+    return largest * _FP32 * _largest_trainable(facts)
 
 
 def _accumulated_partition_block(facts: ModelFacts, s: Setup, w: int) -> float:

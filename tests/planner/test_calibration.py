@@ -253,3 +253,53 @@ def test_the_checkpointed_forward_takes_the_segments_the_plan_counts() -> None:
     held = _FP32 * _largest_trainable(facts)  # the adapters' largest gradient block
     counted = _checkpoint_segments_beside_the_loss(facts, setup, 2, 0.0, at_loss=0.0, allocated=0.0)
     assert counted + held == len(forward) * intermediate - arch.num_layers * hidden
+
+
+#: the reduction stream's allocation sites in DeepSpeed 0.19's stage3.py and coalesced_collectives.py
+_REDUCTION_SITES = ("reduce_scatter_coalesced", "partition_grads", "_constant_buffered_norm2")
+
+
+@pytest.mark.parametrize("trace_file", [
+    "qwen2.5-1.5b_full_z3_off_opt_ckpt_s2048_mb2_g1-alloc-trace-rank0.json",
+    "llama-3.2-1b_full_z3_off_opt_param_ckpt_s2048_mb4_g1-alloc-trace-rank0.json",
+    "llama-3.2-3b_full_z3_off_opt_param_ckpt_s4096_mb2_g1-alloc-trace-rank0.json",
+])
+def test_the_reduction_stream_takes_the_segments_its_replay_gives(trace_file: str) -> None:
+    """The allocator's histories the term came from (``ZERO3_REDUCTION_STREAM``): the segments created
+    at DeepSpeed's reduction sites are the ones the replay of ZeRO-3's buckets through the caching
+    allocator creates: a bucket's flat copy, each larger gradient copy and fp64 chunk, and a second
+    flat copy where a later bucket is larger than the first (Llama 3.2 3B)."""
+    from planner.arch import arch_from_config
+    from planner.reduction import segments
+
+    trace_dir = RESULTS / "alloc-trace"
+    records = [json.loads(line) for line in
+               (trace_dir / "nvidia-h100-2026-12-07-trace-z3-offload.jsonl").read_text().splitlines()]
+    model = trace_file.split("_", 1)[0]
+    record = next(r for r in records if r["case"].startswith(model + "|full|z3"))
+    trace = json.loads((trace_dir / trace_file).read_text())
+    traced = [s["segment_bytes"] for s in trace["segment_allocs"]
+              if any(site in " ".join(s["where"][:3]) for site in _REDUCTION_SITES)]
+    arch = arch_from_config(record["spec"]["model"]["config"])
+    assert sorted(segments(arch, None, 2, 1, 500_000_000)) == sorted(traced)
+
+
+def test_the_slack_counts_the_reduction_stream_under_zero3_with_the_optimizer_on_the_cpu() -> None:
+    """The term replaces the fitted gradient blocks for ZeRO-3 with the optimizer on the CPU and only
+    there: the same job with the optimizer on the GPU keeps them."""
+    from planner.arch import arch_from_config
+    from planner.catalogue import lookup
+    from planner.reduction import reserved_bytes
+
+    config = lookup("meta-llama/Llama-3.2-1B").config
+    spec = {"model": {"config": config}, "method": "full",
+            "training": {"micro_batch_size": 2, "seq_len": 1024, "gradient_checkpointing": True},
+            "hardware": {"gpu_count": 1, "gpu_memory_bytes": H200_BYTES, "host_memory_bytes": 512 * 2**30}}
+    on_cpu = {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "none"}
+    on_gpu = {**on_cpu, "offload_optimizer": "none"}
+    cpu = plan({**spec, "resources": on_cpu}).per_gpu.allocator_slack_bytes
+    gpu = plan({**spec, "resources": on_gpu}).per_gpu.allocator_slack_bytes
+    arch = arch_from_config(config)
+    largest = 4 * arch.vocab_size * arch.hidden_size
+    stream = reserved_bytes(arch, None, 2, 1, 500_000_000)
+    assert cpu - gpu == pytest.approx(stream - constants.ALLOCATOR_LARGEST_GRADIENT_BLOCKS * largest, abs=2)
