@@ -50,7 +50,8 @@ def test_submit_that_does_not_fit_prints_fields_and_alternatives(
         server: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["submit", _spec_file(tmp_path, model={"path": "big"}, method="full")]) == 1
     err = capsys.readouterr().err
-    assert "error 422" in err and "resources:" in err and "alternatives" in err
+    assert "error 422" in err and "alternatives" in err
+    assert "resources:" in err or "resources.offload_optimizer:" in err
     assert main(["submit", _spec_file(tmp_path, training={"seq_len": 10**9, "max_steps": 1})]) == 1
     assert "training.seq_len" in capsys.readouterr().err
     assert server.count(Job) == 0
