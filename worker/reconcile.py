@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from store import jobs, leases
 from store.base import utcnow
 from store.db import session_scope
+from store.ids import id_pattern
 from store.models import Job, JobEvent
 from store.states import ACTIVE, TERMINAL, JobStatus, transition
 from tunebox.gpus import host_name
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ACTOR = "reconciler"
+_JOB_ID = id_pattern("job")
 
 
 @dataclass
@@ -213,8 +215,8 @@ def _resend_lost_messages(url: str, settings: Settings, report: Report) -> None:
         stale = jobs.queued_unsent_since(s, cutoff)
     if not stale:
         return
-    on_broker = broker_messages(settings)
-    missing = [j for j in stale if j not in report.requeued and not any(j in m for m in on_broker)]
+    on_broker = broker_job_ids(settings)
+    missing = [j for j in stale if j not in report.requeued and j not in on_broker]
     if not missing:
         return
     with session_scope(url) as s:
@@ -225,6 +227,12 @@ def _resend_lost_messages(url: str, settings: Settings, report: Report) -> None:
     for job_id in missing:
         enqueue(url, job_id)
     report.resent.extend(missing)
+
+
+def broker_job_ids(settings: Settings) -> set[str]:
+    """The job ids the messages on the broker's ``gpu`` queue carry: read once per pass, so a long
+    queue costs its length, not its length times the number of jobs waiting in it."""
+    return {job_id for message in broker_messages(settings) for job_id in _JOB_ID.findall(message)}
 
 
 def broker_messages(settings: Settings) -> list[str]:

@@ -154,3 +154,15 @@ def test_queued_job_whose_message_is_lost_is_sent_again_once(settings):
     with session_scope(url) as s:  # silent again, but its message is on the broker now
         s.execute(update(Job).where(Job.id == lost).values(dispatch_checked_at=utcnow() - timedelta(hours=1)))
     assert reconcile.reconcile_once(settings).resent == []
+
+
+def test_the_broker_is_read_for_the_job_ids_its_messages_carry(settings):
+    url = settings.resolved_database_url
+    with session_scope(url) as s:
+        user = make_user(s)
+        sent, unsent = make_job(s, user).id, make_job(s, user).id
+    reconcile.enqueue(url, sent)
+    reconcile.enqueue(url, sent)  # a duplicate is one id
+    ids = reconcile.broker_job_ids(settings)
+    assert sent in ids and unsent not in ids
+    assert sum(sent in m for m in reconcile.broker_messages(settings)) == 2
