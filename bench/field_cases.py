@@ -50,6 +50,8 @@ AUTO = {"num_gpus": "auto", "zero_stage": "auto", "offload_optimizer": "auto", "
 FIELD_REPORT = {"num_gpus": 1, "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}
 ONE_GPU = {"num_gpus": 1, "offload_optimizer": "none", "offload_param": "none"}
 Z0 = ONE_GPU | {"zero_stage": 0}
+#: ZeRO-3 on one GPU with the optimizer on the CPU
+Z3_OFFOPT = ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}
 
 
 def job(name: str, model: str, method: str, resources: dict[str, Any], *, seq_len: int = 1024,
@@ -466,20 +468,16 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
     # and -0.5B, the second with its parameters on the card), and LoRA on Llama 3.1 8B, whose adapters'
     # gradients fill one bucket
     "heldout20": (None, [
-        job("full-gemma2-2b-z3-offopt-s2048-mb2", "gemma-2-2b", "full",
-            ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}, seq_len=2048, micro=2, accumulation=1,
-            checkpointing=True),
+        job("full-gemma2-2b-z3-offopt-s2048-mb2", "gemma-2-2b", "full", Z3_OFFOPT, seq_len=2048, micro=2,
+            accumulation=1, checkpointing=True),
         job("full-qwen3b-z3-offload-s2048-mb2", "qwen2.5-3b", "full", FIELD_REPORT, seq_len=2048, micro=2,
             accumulation=1, checkpointing=True),
-        job("full-qwen0.5b-z3-offopt-s4096-mb4", "qwen2.5-0.5b", "full",
-            ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}, seq_len=4096, micro=4, accumulation=1,
-            checkpointing=True),
-        job("full-phi3-z3-offopt-s1024-mb2", "phi-3-mini", "full",
-            ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}, seq_len=1024, micro=2, accumulation=1,
-            checkpointing=True),
-        job("lora-llama8b-z3-offopt-s2048-mb2", "llama-3.1-8b", "lora",
-            ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}, seq_len=2048, micro=2, accumulation=1,
-            checkpointing=True),
+        job("full-qwen0.5b-z3-offopt-s4096-mb4", "qwen2.5-0.5b", "full", Z3_OFFOPT, seq_len=4096, micro=4,
+            accumulation=1, checkpointing=True),
+        job("full-phi3-z3-offopt-s1024-mb2", "phi-3-mini", "full", Z3_OFFOPT, seq_len=1024, micro=2,
+            accumulation=1, checkpointing=True),
+        job("lora-llama8b-z3-offopt-s2048-mb2", "llama-3.1-8b", "lora", Z3_OFFOPT, seq_len=2048, micro=2,
+            accumulation=1, checkpointing=True),
     ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
