@@ -19,6 +19,7 @@ replays the sequence through a model of the allocator (rounding, segment sizes, 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -26,7 +27,7 @@ from functools import lru_cache
 from planner.arch import Arch
 from planner.lora import LoraTargets
 
-__all__ = ["reserved_bytes", "trainable_order"]
+__all__ = ["reserved_bytes", "segments", "trainable_order"]
 
 _MIB = 2**20
 _ROUND = 2 * _MIB  # a large segment's size is its request's rounded up to this
@@ -47,7 +48,7 @@ def trainable_order(arch: Arch, lora: LoraTargets | None) -> tuple[tuple[int, in
     each from its MLP's down projection back to its input norm (linears in reverse, so the up
     projection before the gate), and the embedding last. Under LoRA only the adapters train, B
     before A."""
-    ids = iter(range(1 << 30))
+    ids = itertools.count()
 
     def param(numel: int) -> _Param:
         return _Param(next(ids), numel)
