@@ -54,7 +54,6 @@ __all__ = [
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 _FP32 = 4
 _FP64 = 8
-_NORM_CHUNK = 250_000_000  # ZeRO-3's _constant_buffered_norm2 takes norms in chunks of this many elements
 
 
 @dataclass(frozen=True, slots=True)
@@ -803,7 +802,7 @@ def _at_offloaded_gradient(facts: ModelFacts, s: Setup, w: int, bufs: _Phases) -
             scattered += _FP32 * bucket / n
 
         def reduced(numel: float) -> float:
-            return w * numel / n + _FP64 * min(numel / n, _NORM_CHUNK) + scattered
+            return w * numel / n + _FP64 * min(numel / n, reduction.NORM_CHUNK) + scattered
 
         return reduced(_largest_layer_trainable(facts)), reduced(largest)
     per_rank = facts.trainable_parameters / n

@@ -27,11 +27,12 @@ from functools import lru_cache
 from planner.arch import Arch
 from planner.lora import LoraTargets
 
-__all__ = ["reserved_bytes", "segments", "trainable_order"]
+__all__ = ["NORM_CHUNK", "reserved_bytes", "segments", "trainable_order"]
 
 _MIB = 2**20
 _ROUND = 2 * _MIB  # a large segment's size is its request's rounded up to this
-_NORM_CHUNK = 250_000_000  # elements of one fp64 chunk in _constant_buffered_norm2
+#: ZeRO-3's _constant_buffered_norm2 takes a gradient's norm in fp64 chunks of this many elements
+NORM_CHUNK = 250_000_000
 _FP64 = 8
 _FP32 = 4
 
@@ -169,8 +170,8 @@ def segments(arch: Arch, lora: LoraTargets | None, w: int, num_gpus: int,
             if copy is not None:
                 stream.free(copy)
             copy = stream.alloc(w * part)
-            for start in range(0, part, _NORM_CHUNK):
-                stream.free(stream.alloc(_FP64 * min(_NORM_CHUNK, part - start)))
+            for start in range(0, part, NORM_CHUNK):
+                stream.free(stream.alloc(_FP64 * min(NORM_CHUNK, part - start)))
             stream.free(stream.alloc(_FP32 * part))
         if copy is not None:
             stream.free(copy)

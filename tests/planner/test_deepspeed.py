@@ -302,7 +302,8 @@ def test_offloaded_gradient_reduction_follows_deepspeeds_copies() -> None:
     """What reducing a gradient adds with the optimizer offloaded (stage_1_and_2.py's
     ``set_norm_for_param_grad_in_gpu``; stage3.py's ``partition_grads`` and
     ``_offload_grad_partition_at_boundary``), from the tensors those functions create."""
-    from planner.memory import _NORM_CHUNK, _at_offloaded_gradient, _zero_buffers
+    from planner.memory import _at_offloaded_gradient, _zero_buffers
+    from planner.reduction import NORM_CHUNK
 
     facts = _facts("Qwen/Qwen2.5-3B")  # tied: the embedding, 311M, is the largest tensor
     emb = facts.arch.embedding_params
@@ -325,7 +326,7 @@ def test_offloaded_gradient_reduction_follows_deepspeeds_copies() -> None:
     z3 = _setup(zero_stage=3, offload_optimizer="cpu", num_gpus=2)
     bucket = z3.knobs.reduce_bucket_size
     mid, end = reduction(z3)
-    assert end == 2 * bucket / 2 + 2 * emb / 2 + 8 * min(emb / 2, _NORM_CHUNK)
+    assert end == 2 * bucket / 2 + 2 * emb / 2 + 8 * min(emb / 2, NORM_CHUNK)
     assert mid < end
     assert reduction(z3.with_(offload_optimizer="nvme"))[1] == end + 4 * bucket / 2
     assert reduction(z3.with_(offload_optimizer="none")) == (0.0, 0.0)
