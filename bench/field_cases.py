@@ -52,6 +52,8 @@ ONE_GPU = {"num_gpus": 1, "offload_optimizer": "none", "offload_param": "none"}
 Z0 = ONE_GPU | {"zero_stage": 0}
 #: ZeRO-3 on one GPU with the optimizer on the CPU
 Z3_OFFOPT = ONE_GPU | {"zero_stage": 3, "offload_optimizer": "cpu"}
+#: ZeRO-2 on one GPU with the optimizer on the CPU
+OFFOPT_Z2 = ONE_GPU | {"zero_stage": 2, "offload_optimizer": "cpu"}
 
 
 def job(name: str, model: str, method: str, resources: dict[str, Any], *, seq_len: int = 1024,
@@ -479,6 +481,18 @@ PHASES: dict[str, tuple[float | None, list[dict[str, Any]]]] = {
         job("lora-llama8b-z3-offopt-s2048-mb2", "llama-3.1-8b", "lora", Z3_OFFOPT, seq_len=2048, micro=2,
             accumulation=1, checkpointing=True),
     ]),
+    # held out for ZeRO-1/2's initialisation cache and reduction stream with the optimizer on the CPU
+    # (ZERO12_INITIALIZATION_CACHE), defined before it ran
+    "heldout21": (None, [
+        job("full-llama1b-z2-offopt-s1024-mb4", "llama-3.2-1b", "full", OFFOPT_Z2, seq_len=1024, micro=4,
+            accumulation=1, checkpointing=True),
+        job("full-gemma2-2b-z2-offopt-s1024-mb2", "gemma-2-2b", "full", OFFOPT_Z2, seq_len=1024, micro=2,
+            accumulation=1, checkpointing=True),
+        job("full-llama3b-z1-offopt-s4096-mb1-acc2", "llama-3.2-3b", "full", ONE_GPU | {"zero_stage": 1,
+            "offload_optimizer": "cpu"}, seq_len=4096, micro=1, accumulation=2, checkpointing=True),
+        job("full-qwen1.5b-z2-offopt-s1024-mb2-nockpt", "qwen2.5-1.5b", "full", OFFOPT_Z2, seq_len=1024,
+            micro=2, accumulation=1, checkpointing=False),
+    ]),
     # two of heldout10's ZeRO-3 jobs again, as defined there: their step times run to run on one box
     "heldout10-z3-again": (None, [
         job("full-qwen0.5b-z3-s4096-mb4", "qwen2.5-0.5b", "full", ONE_GPU | {"zero_stage": 3}, seq_len=4096,
@@ -503,7 +517,7 @@ SEQUENTIAL = {"offload1", "heldout2", "heldout3", "ranked10", "ranked24", "ranke
               "qlora-steps-heldout", "heldout4", "chunk", "chunk24", "current", "heldout5", "heldout6",
               "heldout7", "heldout8", "heldout9", "heldout10", "heldout10-z3-again", "heldout11",
               "heldout11-alone", "heldout12", "heldout13", "heldout14", "heldout15",
-              "heldout16", "heldout17", "heldout18", "heldout19", "heldout20"}
+              "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21"}
 
 
 def record_spec(spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

@@ -638,7 +638,7 @@ def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> Mem
     slack = correction * _allocator_slack(facts, s, w, gathered)
     context = correction * (C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0))
     init_allocated, init_reserved = _initialization(facts, s)
-    init_reserved += _reduction_stream_blocks(facts, s, w)
+    init_reserved += _reduction_stream_blocks(facts, s, w) + _beside_initialization_cache(facts, s, w)
     # ZeRO-1's step runs beside the cached blocks of the per-parameter gradients it has just freed
     floor = max(init_reserved, step + _zero1_freed_gradients(facts, s, w))
     loss_moment = resident + gathered + before_gradients
@@ -702,17 +702,19 @@ def _zero0_wrapper(s: Setup) -> Literal["fused", "unfused"] | None:
     return "fused" if s.optimizer == "adamw" else "unfused"
 
 
-def _unplaced_loss_blocks(facts: ModelFacts, s: Setup, w: int) -> float:
-    """Bytes of the loss's vocabulary-sized blocks that no cached gradient block of an unfused
-    ZeRO-0 optimizer's initialisation (``_zero0_wrapper``) can hold: the allocator serves each
-    request from the smallest free block at least its size, splitting it, and takes a new segment
-    where none is large enough. The blocks: the 16-bit logits (and, soft-capped,
-    tanh's output) and the three fp32 tensors of the loss's backward (``logits_bytes_per_token``)."""
+def _loss_requests(facts: ModelFacts, s: Setup, w: int) -> list[float]:
+    """The loss's vocabulary-sized requests, in order: the 16-bit logits (and, soft-capped, tanh's
+    output) and the three fp32 tensors of the loss's backward (``logits_bytes_per_token``)."""
     arch = facts.arch
     vocab_block = arch.vocab_size * s.logits_tokens
-    requests = [w * vocab_block] * (2 if arch.final_logit_softcapping else 1) + [_FP32 * vocab_block] * 3
-    blocks = _gradient_blocks(facts, w)
-    free = list(blocks[bisect_left(blocks, min(requests)) :])  # ascending; smaller ones never serve
+    return [float(w * vocab_block)] * (2 if arch.final_logit_softcapping else 1) + [_FP32 * vocab_block] * 3
+
+
+def _unplaced(requests: list[float], blocks: tuple[float, ...]) -> float:
+    """Bytes of ``requests`` that no free block of ``blocks`` (ascending) can hold, where PyTorch's
+    allocator serves each request from the smallest free block at least its size, splitting it, and
+    takes a new segment where none is large enough."""
+    free = list(blocks[bisect_left(blocks, min(requests)) :]) if requests else []
     unplaced = 0.0
     for size in requests:
         i = bisect_left(free, size)
@@ -723,6 +725,27 @@ def _unplaced_loss_blocks(facts: ModelFacts, s: Setup, w: int) -> float:
         if rest > 0:
             insort(free, rest)
     return unplaced
+
+
+def _unplaced_loss_blocks(facts: ModelFacts, s: Setup, w: int) -> float:
+    """Bytes of the loss's vocabulary-sized blocks (``_loss_requests``) that no cached gradient block
+    of an unfused ZeRO-0 optimizer's initialisation (``_zero0_wrapper``) can hold."""
+    return _unplaced(_loss_requests(facts, s, w), _gradient_blocks(facts, w))
+
+
+def _beside_initialization_cache(facts: ModelFacts, s: Setup, w: int) -> float:
+    """ZeRO-1/2: bytes the first forward and backward reserve beside what initialisation left cached
+    (``_initialization``). The free blocks of that cache are the trainable parameters' own blocks,
+    which the flat buffer replaced, and the clone's; the loss's vocabulary-sized requests
+    (``_loss_requests``) and, with a trainable LM head, its weight gradient, computed while they are
+    live, take them or new segments (``_unplaced``)."""
+    if s.zero_stage not in (1, 2):
+        return 0.0
+    arch = facts.arch
+    own = [float(w * t.numel) for t in facts.tensors if t.trainable for _ in range(t.copies)]
+    clone = w * facts.trainable_parameters / s.num_gpus
+    head = [float(w * arch.vocab_size * arch.hidden_size)] if s.method == "full" else []
+    return _unplaced(_loss_requests(facts, s, w) + head, tuple(sorted([*own, clone])))
 
 
 @lru_cache(maxsize=256)
@@ -870,12 +893,16 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
 
 
 def _cached_gradient_blocks(facts: ModelFacts, s: Setup, w: int) -> float:
-    """The cached blocks the gradients leave: under ZeRO-3 with the optimizer on the CPU, the
-    segments of DeepSpeed's reduction stream (``planner/reduction.py``, ``ZERO3_REDUCTION_STREAM``);
-    otherwise fitted blocks of the largest trainable tensor's size in fp32."""
-    if s.zero_stage == 3 and s.offload_optimizer == "cpu":
+    """The cached blocks the gradients leave. With the optimizer on the CPU, the segments of
+    DeepSpeed's reduction stream, which the default stream cannot use: ZeRO-3's replayed
+    (``planner/reduction.py``, ``ZERO3_REDUCTION_STREAM``), ZeRO-1/2's fp64 norm copies and flat
+    bucket (``_reduction_stream_blocks``). Otherwise fitted blocks of the largest trainable tensor's
+    size in fp32 (with the optimizer on NVMe, ``ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED``)."""
+    if s.offload_optimizer == "cpu" and s.zero_stage == 3:
         return float(reduction.reserved_bytes(facts.arch, facts.lora, w, s.num_gpus,
                                               int(s.knobs.reduce_bucket_size)))
+    if s.offload_optimizer == "cpu" and s.zero_stage in (1, 2):
+        return _reduction_stream_blocks(facts, s, w)
     largest = (
         C.ALLOCATOR_LARGEST_GRADIENT_BLOCKS_OFFLOADED
         if s.offload_optimizer != "none"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -253,6 +254,45 @@ def test_the_checkpointed_forward_takes_the_segments_the_plan_counts() -> None:
     held = _FP32 * _largest_trainable(facts)  # the adapters' largest gradient block
     counted = _checkpoint_segments_beside_the_loss(facts, setup, 2, 0.0, at_loss=0.0, allocated=0.0)
     assert counted + held == len(forward) * intermediate - arch.num_layers * hidden
+
+
+def test_zero2_reserves_beside_its_initialisation_what_the_loss_and_the_head_could_not_place() -> None:
+    """The allocator's history the term came from (``ZERO12_INITIALIZATION_CACHE``): after
+    initialisation, the default stream took exactly the segments the plan counts beside its cache
+    (the fp32 logits' block and the LM head's weight gradient's), and the reduction stream the fp64
+    norm copies of a layer's and of the tied embedding's gradients; with initialisation's cache they
+    are the trace's reserved peak."""
+    from planner.arch import arch_from_config
+    from planner.facts import model_facts
+    from planner.memory import _beside_initialization_cache, _reduction_stream_blocks, estimate_memory
+    from planner.setup import Setup
+
+    trace_dir = RESULTS / "alloc-trace"
+    records = [json.loads(line) for line in
+               (trace_dir / "nvidia-h200-x2-2026-11-30-trace-zero2-offload-2.jsonl").read_text().splitlines()]
+    record = next(r for r in records if r["case"].startswith("llama-3.2-1b|full|z2|off=opt"))
+    trace_file = "llama-3.2-1b_full_z2_off_opt_ckpt_s2048_mb1_g1-emcrou9o-alloc-trace-rank0.json"
+    trace = json.loads((trace_dir / trace_file).read_text())
+    initialised = next(p["event"] for p in trace["phases"] if p["phase"] == "initialised")
+    # the small pools' 2 and 20 MiB segments are the fixed slack's
+    later = [s for s in trace["segment_allocs"]
+             if s["event"] > initialised and s["segment_bytes"] > 20 * 2**20]
+
+    def norm_copy(segment: dict[str, Any]) -> bool:  # ZeRO-1/2's fp64 copy on the reduction stream
+        return "set_norm_for_param_grad_in_gpu" in " ".join(segment["where"][:1])
+
+    on_stream = [s["segment_bytes"] for s in later if norm_copy(s)]
+    beside = [s["segment_bytes"] for s in later if not norm_copy(s)]
+    assert len(on_stream) == 2 and len(beside) == 2
+
+    facts = model_facts(arch_from_config(record["spec"]["model"]["config"]), "full", None, "bf16")
+    setup = Setup(method="full", num_gpus=1, zero_stage=2, offload_optimizer="cpu", offload_param="none",
+                  micro_batch_size=1, gradient_accumulation_steps=1, seq_len=2048,
+                  gradient_checkpointing=True, precision="bf16", optimizer="adamw")
+    assert _beside_initialization_cache(facts, setup, 2) == pytest.approx(sum(beside), rel=0.01)
+    assert _reduction_stream_blocks(facts, setup, 2) == pytest.approx(sum(on_stream), rel=0.01)
+    floor = estimate_memory(facts, setup).initialization_reserved_bytes
+    assert floor == pytest.approx(record["measured"]["torch_max_reserved_bytes"], rel=0.01)
 
 
 #: the reduction stream's allocation sites in DeepSpeed 0.19's stage3.py and coalesced_collectives.py
