@@ -1015,7 +1015,6 @@ def _limit_experiment() -> list[Case]:
         make_case("llama-3.2-1b", "lora", 3, "opt+param", True, 4096, 2, 1, gpus=2, group=g, steps=2),
         make_case("phi-3-mini", "full", 2, "none", True, 2048, 2, 1, group=g),
         make_case("qwen2.5-0.5b", "full", 0, "none", False, 512, 4, 1, group=g),
-        make_case("qwen2.5-0.5b", "full", 1, "opt", False, 2048, 2, 1, group=g),
         make_case("qwen2.5-7b", "full", 3, "none", True, 2048, 1, 1, gpus=2, group=g),
     ]
 
