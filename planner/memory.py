@@ -638,7 +638,10 @@ def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> Mem
     slack = correction * _allocator_slack(facts, s, w, gathered)
     context = correction * (C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0))
     init_allocated, init_reserved = _initialization(facts, s)
-    init_reserved += _reduction_stream_blocks(facts, s, w) + _beside_initialization_cache(facts, s, w)
+    init_reserved += _beside_initialization_cache(facts, s, w)
+    if allocated <= init_reserved:  # the buckets live in initialisation's cache, and return to it
+        slack -= correction * _stranded_buckets(facts, s, w)
+    init_reserved += _reduction_stream_blocks(facts, s, w)
     # ZeRO-1's step runs beside the cached blocks of the per-parameter gradients it has just freed
     floor = max(init_reserved, step + _zero1_freed_gradients(facts, s, w))
     loss_moment = resident + gathered + before_gradients
@@ -973,7 +976,9 @@ def _stranded_buckets(facts: ModelFacts, s: Setup, w: int) -> float:
     """ZeRO-1/2's ipg buckets when a rank's bf16 gradient partition does not fit in one: freed
     blocks of the buckets' size that the larger requests around the step (a GPU step's flat bf16
     partition and fp32 copy; with optimizer offload, the partition's pinned copies) cannot reuse,
-    so they stay in the cache beside the peak."""
+    so they stay in the cache beside the peak. Where the allocated peak fits in what initialisation
+    left cached (``_beside_initialization_cache``), the buckets live in that cache's blocks and go
+    back to them (``ZERO12_INITIALIZATION_CACHE``): none stays beside it."""
     k = s.knobs
     if s.zero_stage not in (1, 2) or not k.contiguous_gradients:
         return 0.0
