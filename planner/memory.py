@@ -635,13 +635,12 @@ def estimate_memory(facts: ModelFacts, s: Setup, correction: float = 1.0) -> Mem
     forward_backward = resident + gathered + max(before_gradients, reducing)
     step = resident + grads.step + bufs.step
     allocated = max(forward_backward, step)
-    slack = correction * _allocator_slack(facts, s, w, gathered)
+    init_allocated, cache = _initialization(facts, s)
+    cache += _beside_initialization_cache(facts, s, w)
+    # where the allocated peak fits in initialisation's cache, ZeRO-1/2's buckets live and stay in it
+    slack = correction * _allocator_slack(facts, s, w, gathered, buckets_beside=allocated > cache)
     context = correction * (C.CUDA_CONTEXT_BYTES + (C.NCCL_BYTES_PER_GPU if s.num_gpus > 1 else 0))
-    init_allocated, init_reserved = _initialization(facts, s)
-    init_reserved += _beside_initialization_cache(facts, s, w)
-    if allocated <= init_reserved:  # the buckets live in initialisation's cache, and return to it
-        slack -= correction * _stranded_buckets(facts, s, w)
-    init_reserved += _reduction_stream_blocks(facts, s, w)
+    init_reserved = cache + _reduction_stream_blocks(facts, s, w)
     # ZeRO-1's step runs beside the cached blocks of the per-parameter gradients it has just freed
     floor = max(init_reserved, step + _zero1_freed_gradients(facts, s, w))
     loss_moment = resident + gathered + before_gradients
@@ -745,9 +744,9 @@ def _beside_initialization_cache(facts: ModelFacts, s: Setup, w: int) -> float:
     if s.zero_stage not in (1, 2):
         return 0.0
     arch = facts.arch
-    own = [float(w * t.numel) for t in facts.tensors if t.trainable for _ in range(t.copies)]
-    clone = w * facts.trainable_parameters / s.num_gpus
+    own = [t.numel * t.elem_bytes for t in facts.tensors if t.trainable for _ in range(t.copies)]
     head = [float(w * arch.vocab_size * arch.hidden_size)] if s.method == "full" else []
+    clone = _sum(facts.tensors, trainable=True) / s.num_gpus  # as ``_initialization`` clones it
     return _unplaced(_loss_requests(facts, s, w) + head, tuple(sorted([*own, clone])))
 
 
@@ -871,13 +870,14 @@ def _fetch_block(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:
     return gathered if s.method == "full" else w * facts.arch.vocab_size * facts.arch.hidden_size
 
 
-def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> float:
+def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float, *, buckets_beside: bool) -> float:
     """Reserved minus allocated at the reserved peak: the allocator's fixed part, the cached
     vocabulary-sized blocks of the loss, the blocks the gradients leave (``_cached_gradient_blocks``),
     where ZeRO-3 fetches parameters (several GPUs or parameter offload) the cached blocks of the
     fetches (under full fine-tuning) or of the gathered embedding and LM head (under LoRA); ZeRO-1/2's freed
-    reduce buckets when the step cannot reuse them; ZeRO-2's accumulated gradient partition; and the
-    soft-capped loss's extra block (see constants.py)."""
+    reduce buckets when the step cannot reuse them and they live beside initialisation's cache
+    (``buckets_beside``); ZeRO-2's accumulated gradient partition; and the soft-capped loss's extra
+    block (see constants.py)."""
     arch = facts.arch
     fetch_blocks = (
         C.ALLOCATOR_GATHERED_BLOCKS if s.method == "full"
@@ -889,7 +889,7 @@ def _allocator_slack(facts: ModelFacts, s: Setup, w: int, gathered: float) -> fl
         + C.ALLOCATOR_LOGITS_BLOCKS * _FP32 * arch.vocab_size * s.logits_tokens
         + _cached_gradient_blocks(facts, s, w)
         + fetch_blocks * _fetch_block(facts, s, w, gathered)
-        + _stranded_buckets(facts, s, w)
+        + (_stranded_buckets(facts, s, w) if buckets_beside else 0.0)
         + _accumulated_partition_block(facts, s, w)
         + _extra_loss_block(facts, s, w)
     )
