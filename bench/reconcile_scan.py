@@ -1,8 +1,8 @@
 """What the reconciler's lost-message pass costs for a long queue: finding which waiting jobs have a
-message on the broker, by searching each job's id in every message's text (the pass before ea3f924)
-against reading each message once for the ids it carries (``worker.reconcile.broker_job_ids``'s
-pattern). The messages are shaped as Celery's on Redis (JSON, the id in the headers' ``argsrepr``, the
-body base64). Run on the box the figures are for:
+message on the broker by searching each job's id in every message's text, against reading each message
+once for the ids it carries (``worker.reconcile.broker_job_ids``, with ``store.ids.id_pattern``). The
+messages are shaped as Celery's on Redis (JSON, the id in the headers' ``argsrepr``, the body base64).
+Run on the box the figures are for:
 
     .venv/bin/python bench/reconcile_scan.py --messages 6000 --waiting 600 6000
 """
@@ -18,8 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from store.ids import new_id  # noqa: E402
-from worker.reconcile import _JOB_ID  # noqa: E402
+from store.ids import id_pattern, new_id  # noqa: E402
 
 
 def message(job_id: str) -> str:
@@ -34,6 +33,7 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=6000)
     ap.add_argument("--waiting", type=int, nargs="+", default=[600, 6000])
     args = ap.parse_args()
+    job_id = id_pattern("job")
     ids = [new_id("job") for _ in range(args.messages)]
     messages = [message(i) for i in ids]
     for n in args.waiting:
@@ -42,7 +42,7 @@ def main() -> int:
         by_search = [j for j in waiting if not any(j in m for m in messages)]
         search = time.perf_counter() - t
         t = time.perf_counter()
-        on_broker = {j for m in messages for j in _JOB_ID.findall(m)}
+        on_broker = {j for m in messages for j in job_id.findall(m)}
         by_ids = [j for j in waiting if j not in on_broker]
         once = time.perf_counter() - t
         assert by_search == by_ids == []
