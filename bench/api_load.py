@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -50,9 +51,11 @@ PINNED = {"num_gpus": 1, "zero_stage": 2, "offload_optimizer": "none", "offload_
 class Stats:
     latencies: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
+    done_at: list[float] = field(default_factory=list)  # perf_counter() when each answer came
 
-    def add(self, seconds: float, status: int) -> None:
+    def add(self, seconds: float, status: int, done: float) -> None:
         self.latencies.append(seconds)
+        self.done_at.append(done)
         self.statuses[status] = self.statuses.get(status, 0) + 1
 
 
@@ -85,7 +88,7 @@ async def _client(host: str, port: int, make: Any, start: float, end: float, sta
             status = await _read_response(reader)
             done = time.perf_counter()
             if now >= start:  # requests begun during the warm-up are not counted
-                stats.add(done - now, status)
+                stats.add(done - now, status, done)
     finally:
         writer.close()
 
@@ -118,7 +121,7 @@ async def _open_loop(host: str, port: int, make: Any, rate: float, start: float,
         done = time.perf_counter()
         idle.append(conn)
         if due >= start:
-            stats.add(done - due, status)
+            stats.add(done - due, status, done)
 
     first, n = time.perf_counter(), 0
     while (due := first + n / rate) < end:
@@ -164,6 +167,52 @@ def cpu_seconds(pids: list[int]) -> dict[str, float]:
     return {"server": total(server), "postgres": total(postgres), "client": time.process_time()}
 
 
+class CpuSampler(threading.Thread):
+    """The server's and Postgres's CPU seconds, sampled every ``step`` seconds from its start."""
+
+    def __init__(self, pid: int, step: float) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.step, self.start_at = pid, step, time.perf_counter()
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self.done = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.samples.append((time.perf_counter(), cpu_seconds([self.pid])))
+            self.done.wait(self.step)
+
+    def report(self, by_stream: dict[str, Stats], warmup: float) -> None:
+        """One JSON line per slot: each stream's p50/p99 and the cores the server and Postgres used."""
+        self.done.set()
+        self.join()
+        start = self.start_at + warmup
+        lines = {name: {row["t_s"]: row for row in timeline(st, start, self.step)}
+                 for name, st in by_stream.items()}
+        for (t0, c0), (t1, c1) in itertools.pairwise(self.samples):
+            slot = round((t0 - start) // self.step * self.step, 1)
+            row: dict[str, Any] = {"t_s": slot, **{k: round((c1[k] - c0[k]) / (t1 - t0), 2)
+                                                   for k in ("server", "postgres")}}
+            for name, rows in lines.items():
+                if slot in rows:
+                    row[name] = {k: v for k, v in rows[slot].items() if k != "t_s"}
+            print(json.dumps({"timeline": row}), flush=True)
+
+
+def timeline(stats: Stats, start: float, step: float) -> list[dict[str, Any]]:
+    """p50 and p99 of the answers that came in each ``step`` seconds from ``start``."""
+    slots: dict[int, list[float]] = {}
+    for lat, done in zip(stats.latencies, stats.done_at, strict=True):
+        slots.setdefault(int((done - start) // step), []).append(lat)
+    out = []
+    for slot in sorted(slots):
+        lat = sorted(slots[slot])
+        out.append({"t_s": round(slot * step, 1), "n": len(lat),
+                    "p50_ms": round(lat[len(lat) // 2] * 1000, 1),
+                    "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000, 1)})
+    return out
+
+
 def summarize(name: str, stats: Stats, duration: float,
               cpu: dict[str, float] | None = None) -> dict[str, Any]:
     lat = sorted(stats.latencies)
@@ -188,8 +237,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def prepare(tmp: Path, pg_url: str) -> tuple[str, str]:
-    """Migrate, create a user and token, a model folder and a dataset; return (token, dataset id)."""
+def prepare(tmp: Path, pg_url: str, users: int = 1) -> tuple[list[str], str]:
+    """Migrate, create ``users`` users with a token each, a model folder and a dataset (shared where
+    there are several users); return (the tokens, the dataset's id)."""
     import migrations
     from api.auth.service import create_token
     from store.db import session_scope
@@ -202,10 +252,11 @@ def prepare(tmp: Path, pg_url: str) -> tuple[str, str]:
     data = tmp / "data" / "train.jsonl"
     data.write_text('{"instruction": "hi", "output": "hello"}\n' * 1000)
     with session_scope(pg_url) as session:
-        issued = create_token(session, "bench")
-        session.add(Dataset(id="ds_bench", owner_id=issued.user.user_id, name="bench", path=str(data),
-                            format="alpaca", num_rows=1000, size_bytes=data.stat().st_size, sha256="0" * 64))
-    return issued.token, "ds_bench"
+        issued = [create_token(session, f"bench{i}" if i else "bench") for i in range(users)]
+        session.add(Dataset(id="ds_bench", owner_id=issued[0].user.user_id, name="bench", path=str(data),
+                            format="alpaca", num_rows=1000, size_bytes=data.stat().st_size, sha256="0" * 64,
+                            shared=users > 1))
+    return [i.token for i in issued], "ds_bench"
 
 
 class WorkerHeartbeat(threading.Thread):
@@ -305,6 +356,12 @@ def main() -> int:
     parser.add_argument("--rates", default="get=500,post=100",
                         help="the mixed phase's offered load: requests a second per phase")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379")
+    parser.add_argument("--users", type=int, default=1,
+                        help="submit as this many users in turn (each user's queued jobs are counted "
+                             "against the queue limit on every submission)")
+    parser.add_argument("--timeline", type=float, default=0.0, metavar="SECONDS",
+                        help="also print the mixed phase's p50/p99 and the CPU the server and Postgres used "
+                             "in each slot of this many seconds")
     args = parser.parse_args()
 
     import redis
@@ -324,7 +381,9 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        token, dataset_id = prepare(tmp, pg_url)
+        tokens, dataset_id = prepare(tmp, pg_url, args.users)
+        token = tokens[0]  # the first job's owner: every GET reads that job
+        submitters = itertools.cycle(tokens)
         heartbeat = WorkerHeartbeat(pg_url)
         heartbeat.start()
         proc = start_server(tmp, pg_url, redis_url, port, args.workers)
@@ -337,9 +396,10 @@ def main() -> int:
                 "healthz": lambda: _request("GET", "/healthz", host, token),
                 "list": lambda: _request("GET", "/v1/jobs?limit=20", host, token),
                 "get": lambda: _request("GET", job_path, host, token),
-                "post": (lambda make: lambda: _request("POST", "/v1/jobs", host, token, make()))(
+                "post": (lambda make: lambda: _request("POST", "/v1/jobs", host, next(submitters), make()))(
                     spec_maker(dataset_id, True)),
-                "post-auto": (lambda make: lambda: _request("POST", "/v1/jobs", host, token, make()))(
+                "post-auto": (lambda make: lambda: _request("POST", "/v1/jobs", host, next(submitters),
+                                                            make()))(
                     spec_maker(dataset_id, False)),
             }
             rates = {k: float(v) for k, v in (item.split("=") for item in args.rates.split(","))}
@@ -347,9 +407,12 @@ def main() -> int:
                 if name == "mixed":  # a fixed offered load of GETs and POSTs together
                     before = cpu_seconds([proc.pid])
                     streams = {f"mixed-{k}": (phases[k], rate) for k, rate in rates.items()}
+                    sampler = CpuSampler(proc.pid, args.timeline) if args.timeline else None
                     by_stream = asyncio.run(drive_rates("127.0.0.1", port, streams, args.warmup,
                                                         args.duration))
                     after = cpu_seconds([proc.pid])
+                    if sampler:
+                        sampler.report(by_stream, args.warmup)
                     served = sum(len(st.latencies) for st in by_stream.values())
                     for stream, stats in by_stream.items():
                         results.append(summarize(stream, stats, args.duration))
