@@ -208,20 +208,22 @@ def timeline(stats: Stats, start: float, step: float) -> list[dict[str, Any]]:
     for slot in sorted(slots):
         lat = sorted(slots[slot])
         out.append({"t_s": round(slot * step, 1), "n": len(lat),
-                    "p50_ms": round(lat[len(lat) // 2] * 1000, 1),
-                    "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000, 1)})
+                    "p50_ms": percentile_ms(lat, 0.50), "p99_ms": percentile_ms(lat, 0.99)})
     return out
+
+
+def percentile_ms(ordered: list[float], p: float) -> float:
+    """The ``p`` quantile of latencies in seconds, sorted, in milliseconds (nan for none)."""
+    if not ordered:
+        return float("nan")
+    return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 1)
 
 
 def summarize(name: str, stats: Stats, duration: float,
               cpu: dict[str, float] | None = None) -> dict[str, Any]:
     lat = sorted(stats.latencies)
-
-    def pct(p: float) -> float:
-        return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 1) if lat else float("nan")
-
     return {"phase": name, "requests": len(lat), "rps": round(len(lat) / duration, 1),
-            "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
+            **{f"p{round(p * 100)}_ms": percentile_ms(lat, p) for p in (0.50, 0.95, 0.99)},
             "mean_ms": round(statistics.fmean(lat) * 1000, 1) if lat else None,
             "statuses": stats.statuses,
             # CPU per counted request (warm-up requests are included in the CPU, so this errs high)
